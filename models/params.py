@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -23,8 +24,19 @@ def sample_inputs(cfg: ModelConfig, batch: int = 1, seq: int = 1):
 
 
 def abstract_params(model: Decoder) -> tuple[Any, Any]:
-  """(ShapeDtypeStruct tree, tree of logical axis-name tuples)."""
-  model = model.clone(loss_chunks=1)  # params do not depend on loss chunking
+  """(ShapeDtypeStruct tree, tree of logical axis-name tuples).
+
+  Params do not depend on remat, attention kernel or loss chunking, so one
+  eval_shape serves every such variant (a sweep builds many). Callers must
+  not mutate the returned trees: they are shared.
+  """
+  return _abstract_params(model.cfg, model.rules, model.dtype,
+                          model.param_dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_params(cfg, rules, dtype, param_dtype):
+  model = Decoder(cfg, rules, dtype=dtype, param_dtype=param_dtype)
   boxed = jax.eval_shape(model.init, jax.random.key(0),
                          *sample_inputs(model.cfg))["params"]
   names = jax.tree.map(lambda b: b.names, boxed,

@@ -190,7 +190,7 @@ def _loss(x_BxSxD, w_DxV, targets_BxS, rules):
 def _chunked_loss(x_BxSxD, w_DxV, targets_BxS, chunks: int, rules):
   b, s, d = x_BxSxD.shape
   if chunks == 1:
-    return _loss(x_BxSxD, w_DxV, targets_BxS, rules) / (b * s)
+    return _loss(x_BxSxD, w_DxV, targets_BxS, rules) / float(b * s)
   if chunks <= 0 or s % chunks:
     raise ValueError(f"loss_chunks={chunks} must be a positive divisor of the "
                      f"sequence length {s}")
@@ -199,4 +199,4 @@ def _chunked_loss(x_BxSxD, w_DxV, targets_BxS, chunks: int, rules):
   ts = jnp.moveaxis(targets_BxS.reshape(b, chunks, s // chunks), 1, 0)
   total, _ = jax.lax.scan(lambda acc, xt: (acc + step(*xt), None),
                           jnp.zeros((), jnp.float32), (xs, ts))
-  return total / (b * s)
+  return total / float(b * s)

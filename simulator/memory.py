@@ -59,12 +59,12 @@ optimizer + batch_bytes + tile_padding_bytes (`arguments_bytes`, exact on TPU);
 temp bytes ≈ compiled_comparable_peak - arguments_bytes; peak ≈
 compiled_comparable_peak.
 
-Batch rescaling: every batch-dependent figure is affine in the global batch
-at fixed mesh (per-device batch = batch / shards). `estimate_memory` measures
-the batch-dependent parts at the traced batch B and at 2B (residuals only,
-cheap) and splits each tensor into fixed + linear bytes, so
+Batch rescaling: every tensor's bytes are either fixed or linear in the
+global batch at fixed mesh (per-device batch = batch / shards). The step is
+traced once, at the probe batch (simulator.batch_probe), which tells the two
+apart by shape; `estimate_memory` returns the estimate at the probe batch and
 `estimate.at_batch(b)` is exact for any b the mesh divides, without
-retracing.
+retracing (`memory_report` does both).
 """
 
 from __future__ import annotations
@@ -82,9 +82,10 @@ from meshes.layout import MeshPlan, abstract_mesh
 from models import transformer
 from models.config import ModelConfig
 from models.remat import policy as remat_policy
+from simulator.batch_probe import PROBE, carries_batch, rescale
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes, device_shape
-from simulator.trace import Residual, Traced, saved_residuals, trace
+from simulator.trace import Residual, Traced, saved_residuals, trace_probe
 
 # Runtime and fragmentation overhead as a fraction of the compiled-comparable
 # peak. Seed 001 gives 5-20% ("typically"), and its worked estimator uses 10%;
@@ -141,13 +142,14 @@ class MemoryEstimate:
   tile_padding_bytes: int = 0  # TPU tile padding of the arguments (in peak)
   compiled_comparable_peak: int = 0  # peak - overhead: what XLA's peak is
   phase_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+  traced_batch: int = 0  # the batch `tensors` were traced at (the probe)
 
   def at_batch(self, batch: int) -> "MemoryEstimate":
     """The same mesh and program at another global batch, without retracing."""
     if not isinstance(batch, int) or batch <= 0 or batch % self.batch_shards:
       raise ValueError(f"batch={batch!r} must be a positive multiple of "
                        f"{self.batch_shards} (the batch's shards)")
-    return _assemble(self.tensors, batch, self.batch, self.hbm_bytes,
+    return _assemble(self.tensors, batch, self.traced_batch, self.hbm_bytes,
                      self.batch_shards)
 
 
@@ -193,13 +195,6 @@ def _mesh_of(traced: Traced):
   return leaf.sharding.mesh
 
 
-def _batch_args(step, batch: int):
-  def one(x):
-    return jax.ShapeDtypeStruct((batch, *x.shape[1:]), x.dtype,
-                                sharding=x.sharding)
-  return jax.tree.map(one, step.batch)
-
-
 def _sds(shape, dtype, mesh, spec) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(tuple(shape), dtype,
                               sharding=NamedSharding(mesh, spec))
@@ -213,8 +208,8 @@ def _block_params(step, mesh):
   return jax.tree.map(one, step.params["blocks"])
 
 
-def layer_residuals(traced: Traced, remat: str = "none",
-                    batch: int | None = None) -> tuple[Residual, ...]:
+def layer_residuals(traced: Traced, remat: str = "none"
+                    ) -> tuple[Residual, ...]:
   """What one Block saves for backward under `remat`, traced alone.
 
   The stacked residuals of the blocks scan are anonymous ("output of scan");
@@ -223,8 +218,7 @@ def layer_residuals(traced: Traced, remat: str = "none",
   step, mesh = traced.step, _mesh_of(traced)
   model = step.model
   cfg = model.cfg
-  batch = batch or step.batch["inputs"].shape[0]
-  seq = step.batch["inputs"].shape[1]
+  batch, seq = step.batch["inputs"].shape[:2]
   block_cls = transformer.Block
   if remat != "none":
     block_cls = nn.remat(transformer.Block, policy=remat_policy(remat),
@@ -241,11 +235,12 @@ def layer_residuals(traced: Traced, remat: str = "none",
     return saved_residuals(f, _block_params(step, mesh), x)
 
 
-def _loss_chunk_residuals(traced: Traced, batch: int) -> tuple[Residual, ...]:
+def _loss_chunk_residuals(traced: Traced) -> tuple[Residual, ...]:
   """One loss chunk traced alone (what the chunked loss recomputes)."""
   step, mesh = traced.step, _mesh_of(traced)
   model, cfg = step.model, step.model.cfg
-  seq = step.batch["inputs"].shape[1] // model.loss_chunks
+  batch, seq = step.batch["inputs"].shape
+  seq //= model.loss_chunks
   rules = model.rules
   x = _sds((batch, seq, cfg.d_model), model.dtype, mesh,
            rules.spec("activations", transformer.GATHERED))
@@ -310,15 +305,21 @@ def _padding_tensor(name: str, leaf, tiled: bool, batch: bool = False
 
 
 def _batch_padding(t: Tensor, batch: int, traced_batch: int) -> int:
-  shape = (t.shape[0] * batch // traced_batch, *t.shape[1:])
+  shape = rescale(t.shape, batch, traced_batch)
   return (tpu_tiled_bytes(shape, t.dtype)
           - math.prod(shape) * jnp.dtype(t.dtype).itemsize)
 
 
+def _split(category: str, name: str, aval) -> Tensor:
+  """A value of the probe-batch trace: all fixed or all linear bytes."""
+  shape, nbytes = device_shape(aval), device_bytes(aval)
+  linear = carries_batch(shape)
+  return Tensor(category, name, shape, str(aval.dtype),
+                0 if linear else nbytes, nbytes if linear else 0)
+
+
 def _residual_tensor(category: str, r: Residual, prefix: str = "") -> Tensor:
-  shape = device_shape(r.aval)
-  return Tensor(category, prefix + _short(r.source), shape,
-                str(r.aval.dtype), 0, device_bytes(r.aval))
+  return _split(category, prefix + _short(r.source), r.aval)
 
 
 def _saved(residuals: Iterable[Residual]) -> list[Residual]:
@@ -352,34 +353,24 @@ def _layer_weight_tensors(traced: Traced) -> list[tuple[str, tuple, str, int]]:
   return out
 
 
-def _batch_dependent(traced: Traced, batch: int, tiled: bool = False
-                     ) -> list[Tensor]:
-  """Every batch-dependent tensor at global `batch`, in a fixed order."""
+def _batch_dependent(traced: Traced, tiled: bool = False) -> list[Tensor]:
+  """The batch arguments and the loss's saved residuals (probe-batch trace)."""
   step, mesh = traced.step, _mesh_of(traced)
   model = step.model
-  traced_batch = step.batch["inputs"].shape[0]
   tensors: list[Tensor] = []
-  batch_args = _batch_args(step, batch)
-  for name, leaf in _leaves_with_names(batch_args, "batch"):
-    tensors.append(Tensor("activations", f"{name} (argument)",
-                          device_shape(leaf), str(leaf.dtype), 0,
-                          device_bytes(leaf)))
+  for name, leaf in _leaves_with_names(step.batch, "batch"):
+    tensors.append(_split("activations", f"{name} (argument)", leaf))
     tensors.append(_padding_tensor(name, leaf, tiled, batch=True))
-  if batch == traced_batch:
-    residuals = traced.residuals
-  else:
-    with jax.sharding.use_abstract_mesh(mesh):
-      residuals = saved_residuals(step.loss_fn, step.params, batch_args)
   n_layers = model.cfg.n_layers
   logits_shape = None
   if model.cfg.embeddings:
-    chunks = model.loss_chunks
-    seq = step.batch["inputs"].shape[1] // chunks
-    dlogits = _sds((batch, seq, model.cfg.vocab_size), jnp.float32, mesh,
+    batch, seq = step.batch["inputs"].shape
+    dlogits = _sds((batch, seq // model.loss_chunks, model.cfg.vocab_size),
+                   jnp.float32, mesh,
                    model.rules.spec("activations", ("batch", "length", "vocab")))
     logits_shape = device_shape(dlogits)
   loss_residuals = []
-  for r in _saved(residuals):
+  for r in _saved(traced.residuals):
     if _on_host(r.aval):
       category = "host"
     elif any(f in r.source for f in _LOSS_FUNCTIONS):
@@ -390,23 +381,56 @@ def _batch_dependent(traced: Traced, batch: int, tiled: bool = False
     prefix = f"blocks[{n_layers} layers] " if _is_blocks_scan(r) else ""
     tensors.append(_residual_tensor(category, r, prefix))
   tensors += _loss_live_set(loss_residuals, logits_shape, "")
-
-  # One layer with nothing rematerialized: what its backward holds at once.
-  per_layer = [r for r in _saved(layer_residuals(traced, "none", batch))]
-  none_bytes = sum(device_bytes(r.aval) for r in per_layer)
-  kept = sum(device_bytes(r.aval) for r in _saved(residuals)
-             if _is_blocks_scan(r) and not _on_host(r.aval)) // n_layers
-  tensors.append(Tensor("temporaries", "_recompute", (), "", 0,
-                        max(0, none_bytes - kept)))
-  tensors.append(Tensor("temporaries", "_kept_per_layer", (), "", 0, kept))
-
   # Logits: with loss_chunks > 1, one chunk's residuals recomputed in the
   # backward (its d(logits) again lives in place of its logits buffer).
   if model.cfg.embeddings and model.loss_chunks > 1:
     tensors += _loss_live_set(
-        _saved(_loss_chunk_residuals(traced, batch)), logits_shape,
+        _saved(_loss_chunk_residuals(traced)), logits_shape,
         f"one of {model.loss_chunks} loss chunks, recomputed: ")
   return tensors
+
+
+def _fixed_linear(tensors: Iterable[Tensor]) -> tuple[int, int]:
+  tensors = list(tensors)
+  return sum(t.fixed for t in tensors), sum(t.linear for t in tensors)
+
+
+_LAYER_CACHE: dict[tuple, int] = {}
+_LAYER_CACHE_SIZE = 64
+
+
+def _unrematerialized_layer_bytes(traced: Traced) -> int:
+  """Linear bytes one Block saves with remat none. It does not depend on the
+  step's remat policy, shard mode or optimizer, so a sweep traces it once per
+  mesh (cached on what it does depend on)."""
+  step = traced.step
+  m = step.model
+  key = (m.cfg, m.rules, m.attention, m.dtype, m.param_dtype,
+         _mesh_of(traced), step.batch["inputs"].shape,
+         tuple(str(x.sharding.spec)
+               for x in jax.tree.leaves(step.params["blocks"])))
+  if key not in _LAYER_CACHE:
+    if len(_LAYER_CACHE) >= _LAYER_CACHE_SIZE:
+      _LAYER_CACHE.clear()
+    _LAYER_CACHE[key] = _fixed_linear(
+        _residual_tensor("", r)
+        for r in _saved(layer_residuals(traced, "none")))[1]
+  return _LAYER_CACHE[key]
+
+
+def _one_layer(traced: Traced) -> tuple[int, int]:
+  """(linear bytes one layer's backward recomputes, fixed bytes it kept).
+
+  Recomputed: one Block traced alone with nothing rematerialized, minus what
+  the remat policy saved per layer (the scan-stacked residuals / layers).
+  """
+  n_layers = traced.step.model.cfg.n_layers
+  none_linear = _unrematerialized_layer_bytes(traced)
+  kept_fixed, kept_linear = _fixed_linear(
+      _residual_tensor("", r) for r in _saved(traced.residuals)
+      if _is_blocks_scan(r) and not _on_host(r.aval))
+  return (max(0, none_linear - kept_linear // n_layers),
+          kept_fixed // n_layers)
 
 
 def _loss_live_set(residuals: list[Residual], logits_shape, prefix: str
@@ -428,23 +452,13 @@ def _loss_live_set(residuals: list[Residual], logits_shape, prefix: str
     t = _residual_tensor("logits", r, prefix)
     if logits_shape is not None and t.shape == tuple(logits_shape):
       if kept:
-        t = dataclasses.replace(t, linear=0, name=t.name + " [fused by XLA]")
+        t = dataclasses.replace(t, fixed=0, linear=0,
+                                name=t.name + " [fused by XLA]")
       else:
         t = dataclasses.replace(t, name=t.name + " [the f32 logits buffer, "
                                 "reused in place for d(logits)]")
         kept = True
     out.append(t)
-  return out
-
-
-def _affine(at_b: list[Tensor], at_2b: list[Tensor]) -> list[Tensor]:
-  """Split each tensor's bytes into fixed + linear from B and 2B."""
-  if len(at_b) != len(at_2b):  # never seen: the program's structure is batch-free
-    return at_b
-  out = []
-  for a, b in zip(at_b, at_2b):
-    linear = b.linear - a.linear
-    out.append(dataclasses.replace(a, fixed=a.linear - linear, linear=linear))
   return out
 
 
@@ -486,23 +500,20 @@ def _output_weight_grad(traced: Traced) -> list[Tensor]:
                  device_bytes(w), 0)]
 
 
-def _temporary_tensors(traced: Traced, batch_tensors: list[Tensor]
-                       ) -> list[Tensor]:
-  """Turn the per-layer measurements into the temporaries category."""
+def _temporary_tensors(traced: Traced) -> list[Tensor]:
+  """One layer's backward transient: the temporaries category."""
   step = traced.step
   mesh = _mesh_of(traced)
-  by_name = {t.name: t for t in batch_tensors if t.category == "temporaries"}
-  recompute = by_name["_recompute"]
+  recompute_linear, kept_fixed = _one_layer(traced)
   weights = _layer_weight_tensors(traced)
   layer_w = sum(b for *_, b in weights)
-  n_layers = step.model.cfg.n_layers
-  # Fixed (batch-free) residuals the policy saved per layer: gathered weights
-  # kept for backward (remat none/dots), which the backward need not gather.
-  kept_fixed = by_name["_kept_per_layer"].fixed
+  # kept_fixed: the batch-free residuals the policy saved per layer, i.e. the
+  # gathered weights kept for backward (remat none/dots), not gathered again.
   largest = max(weights, key=lambda w: w[3]) if weights else ("", (), "", 0)
-  out = [dataclasses.replace(recompute, fixed=0, linear=max(0, recompute.linear), name=(
-      "one layer's activations recomputed or reloaded in its backward "
-      "(Block traced alone, remat none, minus what the policy kept)"))]
+  out = [Tensor("temporaries",
+                "one layer's activations recomputed or reloaded in its backward "
+                "(Block traced alone, remat none, minus what the policy kept)",
+                (), "", 0, recompute_linear)]
   out.append(Tensor("temporaries",
                     f"one layer's weights gathered to the compute layout "
                     f"(largest {largest[0]})", largest[1], largest[2],
@@ -516,25 +527,26 @@ def _temporary_tensors(traced: Traced, batch_tensors: list[Tensor]
   out.append(Tensor("temporaries",
                     "one layer's weight gradients before reduce-scatter "
                     "(compute layout)", largest[1], largest[2], layer_w, 0))
-  del n_layers
   return out
 
 
 def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
-  """Per-device bytes by category for the traced step on `plan`'s chip."""
+  """Per-device bytes by category for the step traced at the probe batch
+  (simulator.trace.trace_probe) on `plan`'s chip, at that batch: call
+  `at_batch` for a real one."""
   step = traced.step
   batch = step.batch["inputs"].shape[0]
+  if batch != PROBE * plan.X * plan.Y:
+    raise ValueError(f"estimate_memory needs the step traced at the probe "
+                     f"batch (simulator.trace.trace_probe), not batch {batch}")
   per_device_batch = device_shape(step.batch["inputs"])[0]
-  shards = batch // per_device_batch
   tiled = plan.topology.chip.kind == "tpu"
-  varying = _affine(_batch_dependent(traced, batch, tiled),
-                    _batch_dependent(traced, 2 * batch, tiled))
   tensors = _state_tensors(traced, tiled)
   tensors += _output_weight_grad(traced)
-  tensors += [t for t in varying if t.category != "temporaries"]
-  tensors += _temporary_tensors(traced, varying)
+  tensors += _batch_dependent(traced, tiled)
+  tensors += _temporary_tensors(traced)
   return _assemble(tuple(tensors), batch, batch, plan.topology.chip.hbm_bytes,
-                   shards)
+                   batch // per_device_batch)
 
 
 def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
@@ -558,7 +570,8 @@ def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
       batch_bytes += b
     if b:
       by_category.setdefault(t.category, []).append(
-          Contributor(t.name, t.shape, t.dtype, b))
+          Contributor(t.name, rescale(t.shape, batch, traced_batch), t.dtype,
+                      b))
   arguments = totals["params"] + totals["optimizer"] + batch_bytes + padding
   residuals = totals["activations"] - batch_bytes
   phases = {
@@ -579,13 +592,14 @@ def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
       batch_bytes=batch_bytes, contributors=contributors, batch=batch,
       batch_shards=shards, tensors=tensors, arguments_bytes=arguments,
       tile_padding_bytes=padding, compiled_comparable_peak=comparable,
-      phase_bytes=phases)
+      phase_bytes=phases, traced_batch=traced_batch)
 
 
 def memory_report(cfg: ModelConfig, settings: TrainSettings,
                   plan: MeshPlan) -> MemoryEstimate:
   """Trace the step under `plan`'s abstract mesh and estimate its memory."""
-  return estimate_memory(trace(cfg, settings, abstract_mesh(plan)), plan)
+  traced = trace_probe(cfg, settings, abstract_mesh(plan))
+  return estimate_memory(traced, plan).at_batch(settings.batch)
 
 
 SCHEMA_VERSION = 1

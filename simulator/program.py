@@ -84,6 +84,7 @@ class Dot:
   phase: str
   x_exp: int  # per-device FLOPs ∝ X^-x_exp · Y^-y_exp at fixed global batch
   y_exp: int
+  dims: tuple[int, ...]  # output then contracting dims: FLOPs = 2·their product
 
 
 @dataclasses.dataclass
@@ -394,7 +395,8 @@ class _Walker:
     split = {b for b in split if self._active(b)}
     self.dots.append(Dot(flops_glob, flops_dev, ctx["mult"], source,
                          ctx["layer"], ctx["phase"], int("X" in split),
-                         int("Y" in split)))
+                         int("Y" in split),
+                         (*osh, *(ls[i] for i in lc))))
     for side, var, shape, spec, d in (("l", lhs, ls, Ls, in_data[0]),
                                       ("r", rhs, rs, Rs, in_data[1])):
       cur = [list(x) for x in spec]
@@ -446,10 +448,10 @@ class _Walker:
     if name == "dot_general":
       lhs, rhs = eqn.invars
       (lc, _), _ = eqn.params["dimension_numbers"]
-      flops = 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(
-          lhs.aval.shape[i] for i in lc)
+      dims = (*eqn.outvars[0].aval.shape, *(lhs.aval.shape[i] for i in lc))
+      flops = 2 * math.prod(dims)
       self.dots.append(Dot(flops * ctx["manual_mult"], flops, ctx["mult"],
-                           source, ctx["layer"], ctx["phase"], 1, 1))
+                           source, ctx["layer"], ctx["phase"], 1, 1, dims))
       return
     kinds = {"psum": "all-reduce", "psum_invariant": "all-reduce",
              "all_gather": "all-gather", "all_gather_invariant": "all-gather",

@@ -1,9 +1,10 @@
 """Roofline of the traced step: T_math vs T_comm per layer, the compute-bound batch
 threshold, step time, MFU, and the best X×Y split.
 
-Derivation. Trace the step at two global batch sizes (b and 2b sequences, same seq).
-Every collective's per-device bytes and every matmul's FLOPs are then exactly linear
-in the global token count T (activations carry the batch dim, weights do not):
+Derivation. Trace the step once, at the probe batch (simulator.batch_probe). Every
+collective's per-device bytes and every matmul's FLOPs are exactly linear in the
+global token count T (activations carry the batch dim, weights do not), and the
+probe trace tells which values carry it:
 
     bytes_c(T) = b0_c + b1_c·T,        flops_layer(T) = f0 + f1·T   (per device).
 
@@ -52,7 +53,8 @@ from meshes.layout import MeshPlan, abstract_mesh, factorizations, plan_mesh
 from simulator.comms import axis_bandwidth, ring_time
 from simulator.program import Program, read_traced
 from simulator.settings import TrainSettings
-from simulator.trace import Traced, trace
+from simulator.batch_probe import PROBE, carries_batch
+from simulator.trace import Traced, trace_probe
 
 PASSES = {"forward": ("forward",), "train": ("forward", "backward"),
           "step": ("forward", "backward", "optimizer")}
@@ -144,50 +146,48 @@ class StepEstimate:
   layers: tuple[LayerTimes, ...]
 
 
-def fit(program_small: Program, program_large: Program, tokens_small: int,
-        tokens_large: int, plan: MeshPlan, seq: int) -> MeshModel:
-  """Per-collective and per-matmul linear fits from two traces of one mesh."""
-  cs, cl = program_small.collectives, program_large.collectives
-  if [(c.kind, c.axis, c.source) for c in cs] != [(c.kind, c.axis, c.source)
-                                                   for c in cl]:
-    raise ValueError("the two traces imply different collectives; cannot fit")
-  dt = tokens_large - tokens_small
+def fit(program: Program, tokens: int, plan: MeshPlan, seq: int) -> MeshModel:
+  """Per-collective and per-matmul linear fits from one probe-batch trace.
+
+  A value traced at the probe batch (simulator.batch_probe) either carries the
+  batch (all of its bytes or FLOPs are the per-token term) or does not (all of
+  them are the fixed term); `tokens` is the probe trace's global token count.
+  """
   terms = []
-  for a, b in zip(cs, cl):
-    b1 = (b.bytes_per_device - a.bytes_per_device) / dt
-    terms.append(Term(a.kind, a.axis, a.layer, a.phase, a.source, a.count,
-                      a.overlappable, a.bytes_per_device - b1 * tokens_small,
-                      b1, a.x_exp, a.y_exp))
+  for c in program.collectives:
+    linear = carries_batch(c.shape)
+    terms.append(Term(c.kind, c.axis, c.layer, c.phase, c.source, c.count,
+                      c.overlappable, 0.0 if linear else c.bytes_per_device,
+                      c.bytes_per_device / tokens if linear else 0.0,
+                      c.x_exp, c.y_exp))
   work = []
-  for a, b in zip(program_small.dots, program_large.dots):
-    f1 = (b.flops_per_device - a.flops_per_device) / dt
-    g1 = (b.flops_global - a.flops_global) / dt
-    work.append(Work(a.layer, a.phase, a.count,
-                     a.flops_per_device - f1 * tokens_small, f1, g1, a.x_exp,
-                     a.y_exp))
+  for d in program.dots:
+    linear = carries_batch(d.dims)
+    work.append(Work(d.layer, d.phase, d.count,
+                     0.0 if linear else d.flops_per_device,
+                     d.flops_per_device / tokens if linear else 0.0,
+                     d.flops_global / tokens if linear else 0.0,
+                     d.x_exp, d.y_exp))
   counts: dict[str, int] = {}
-  for r in list(cs) + list(program_small.dots):
+  for r in list(program.collectives) + list(program.dots):
     counts[r.layer] = max(counts.get(r.layer, 1), r.count)
   return MeshModel(plan, tuple(terms), tuple(work), counts, seq)
 
 
 def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
-             trace_batch: int | None = None,
              traced: Traced | None = None) -> MeshModel:
-  """Trace the step on `plan` at two batch sizes and fit the linear model.
+  """Trace the step on `plan` at the probe batch and fit the linear model.
 
-  `traced`: the step already traced on `plan` (at its own batch), reused as the
-  smaller of the two; only the program is read, so no residuals are traced.
+  `traced`: the step already traced on `plan` at the probe batch
+  (simulator.trace.trace_probe), reused; only its program is read.
   """
-  mesh = abstract_mesh(plan)
-  b = (traced.step.batch["inputs"].shape[0] if traced is not None
-       else trace_batch or plan.X)
-  progs = [traced] if traced is not None else []
-  for batch in (b, 2 * b)[len(progs):]:
-    s = dataclasses.replace(settings, batch=batch)
-    progs.append(trace(cfg, s, mesh, residuals=False))
-  return fit(read_traced(progs[0]), read_traced(progs[1]), b * settings.seq,
-             2 * b * settings.seq, plan, settings.seq)
+  if traced is None:
+    traced = trace_probe(cfg, settings, abstract_mesh(plan), residuals=False)
+  batch = traced.step.batch["inputs"].shape[0]
+  if batch != PROBE * plan.X * plan.Y:
+    raise ValueError(f"fit_mesh needs the step traced at the probe batch "
+                     f"(simulator.trace.trace_probe), not batch {batch}")
+  return fit(read_traced(traced), batch * settings.seq, plan, settings.seq)
 
 
 def _layer_times(model: MeshModel, tokens: float, hw: Hardware, phases,

@@ -2,9 +2,8 @@
 
 The expensive part of evaluating a config is tracing the step (~0.4 s for a 70B
 model); everything per batch size is arithmetic. So the step is traced once per
-(mesh, remat, shard, optimizer) at a base batch of 3·X sequences (divisible by X,
-and unlikely to equal any model dimension), and each batch size rescales that
-estimate. A ValueError raised while *building* the step (a param dimension that Y
+(mesh, remat, shard, optimizer), at the probe batch (simulator.batch_probe), and
+each batch size rescales that one trace's memory estimate and timing fit. A ValueError raised while *building* the step (a param dimension that Y
 or X does not divide) cannot depend on remat, so it is cached per
 (mesh, shard, optimizer) and the other remat policies fail without retracing.
 
@@ -14,7 +13,9 @@ simulator.roofline.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import math
 import time
 import traceback
@@ -27,7 +28,7 @@ from models.config import ModelConfig
 from models.registry import load_model
 from simulator.settings import TrainSettings
 from simulator import memory, roofline
-from simulator.trace import trace
+from simulator.trace import trace_probe
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer")
 CATEGORIES = ("params", "grads", "optimizer", "activations", "logits",
@@ -113,8 +114,8 @@ class SweepSpec:
 class _Estimator:
   """One traced (mesh, remat, shard, optimizer) group, evaluated at any batch.
 
-  Memory rescales the traced estimate (MemoryEstimate.at_batch); timing fits
-  every term as linear in tokens from this trace and one at twice the batch.
+  Memory rescales the traced estimate (MemoryEstimate.at_batch); timing reads
+  every term as fixed or linear in tokens off the same probe-batch trace.
   """
 
   def __init__(self, cfg, traced, plan, settings):
@@ -141,6 +142,19 @@ class _Estimator:
 # --------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _gc_paused():
+  """Tracing allocates millions of short-lived objects that the cyclic GC
+  scans over and over (~20% of a trace); their cycles are collected after."""
+  was_enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if was_enabled:
+      gc.enable()
+
+
 def _raised_in_build(error: BaseException) -> bool:
   return any(f.name == "build_step" for f in traceback.extract_tb(error.__traceback__))
 
@@ -163,11 +177,12 @@ class Sweep:
         self._estimators[c.trace_key] = ValueError(self._build_errors[build_key])
       else:
         plan = plan_mesh(self.topo, c.X, c.Y)
-        settings = self.spec.settings(3 * c.X, c.remat, c.shard, c.optimizer)
+        settings = self.spec.settings(c.X, c.remat, c.shard, c.optimizer)
         try:
-          traced = trace(self.cfg, settings, abstract_mesh(plan))
-          self._estimators[c.trace_key] = _Estimator(self.cfg, traced, plan,
-                                                     settings)
+          with _gc_paused():
+            traced = trace_probe(self.cfg, settings, abstract_mesh(plan))
+            self._estimators[c.trace_key] = _Estimator(self.cfg, traced, plan,
+                                                       settings)
         except ValueError as e:
           if _raised_in_build(e):
             self._build_errors[build_key] = str(e)

@@ -13,6 +13,7 @@ import jax
 from jax._src.ad_checkpoint import saved_residuals as _saved_residuals  # private: used only here
 
 from models.config import ModelConfig
+from simulator.batch_probe import probe_settings
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step
 
@@ -46,3 +47,10 @@ def trace(cfg: ModelConfig, settings: TrainSettings, mesh,
     residuals = saved_residuals(step.loss_fn, step.params,
                                 step.batch) if residuals else ()
   return Traced(step, jaxpr, residuals)
+
+
+def trace_probe(cfg: ModelConfig, settings: TrainSettings, mesh,
+                residuals: bool = True) -> Traced:
+  """The step traced at the probe batch (simulator.batch_probe): what the
+  memory and timing estimates read, once, for every batch size."""
+  return trace(cfg, probe_settings(cfg, settings, mesh.size), mesh, residuals)

@@ -18,6 +18,7 @@ from models.config import ModelConfig
 from models.params import num_params
 from models.registry import load_model
 from simulator import formulas, memory
+from simulator.batch_probe import rescale
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes
 from simulator.trace import trace
@@ -28,7 +29,7 @@ ONE = plan_mesh(parse_topology("v5p:1x1x1"), 1, 1)
 
 def _estimate(cfg, plan=ONE, **kw):
   settings = TrainSettings(**{"batch": 2, "seq": 64, **kw})
-  return memory.estimate_memory(trace(cfg, settings, abstract_mesh(plan)), plan)
+  return memory.memory_report(cfg, settings, plan)
 
 
 def _state(e):
@@ -87,8 +88,7 @@ def xxl():
   cfg = load_model("xxl_ffn")
   plan = plan_mesh(parse_topology("v5p-512"), 256, 1)
   settings = TrainSettings(batch=256, seq=2048, remat="none", shard="zero3")
-  return cfg, plan, memory.estimate_memory(
-      trace(cfg, settings, abstract_mesh(plan)), plan)
+  return cfg, plan, memory.memory_report(cfg, settings, plan)
 
 
 def test_seed_004a_xxl_state(xxl):
@@ -115,7 +115,8 @@ def test_seed_004a_xxl_saved_per_token(xxl):
   tokens_per_device = 256 * 2048 // plan.X
   blocks = [t for t in e.tensors
             if t.category == "activations" and t.name.startswith("blocks[")]
-  assert sum(t.linear for t in blocks) == per_token * tokens_per_device
+  assert (sum(t.linear * 256 // e.traced_batch for t in blocks)
+          == per_token * tokens_per_device)
   psi = formulas.ffn_stack_params(cfg.d_model, cfg.d_ff, cfg.n_layers)
   assert sum(t.fixed for t in blocks) == 2 * psi  # gathered bf16 weights
 
@@ -165,17 +166,21 @@ def test_gpt2_layer_residuals_vs_memory_equation():
   assert weights == 2 * 12 * h * h  # bf16 copies of the four matrices (12H^2)
 
 
-def test_at_batch_equals_fresh_trace(tiny):
+def test_at_batch_rescales_shapes_and_chains(tiny):
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
-  for remat in ("full", "offload:qkv"):
-    kw = dict(remat=remat, attention="materialized")
-    small = _estimate(tiny, plan, batch=2, **kw)
-    big = _estimate(tiny, plan, batch=6, **kw)
-    again = small.at_batch(6)
-    assert again.per_device_bytes == big.per_device_bytes
-    assert again.host_bytes == big.host_bytes
-  with pytest.raises(ValueError):
+  small = _estimate(tiny, plan, batch=2, remat="offload:qkv")
+  big = small.at_batch(6)
+  assert big.at_batch(2).per_device_bytes == small.per_device_bytes
+  assert big.host_bytes == 3 * small.host_bytes > 0
+  # per-device batch 1 -> 3 in the shapes users read
+  a, b = small.contributors["activations"][0], big.contributors["activations"][0]
+  assert a.name == b.name and 1 in a.shape
+  assert b.shape == tuple(3 if d == 1 else d for d in a.shape)
+  with pytest.raises(ValueError, match="batch=3 must be a positive multiple of 2"):
     small.at_batch(3)
+  with pytest.raises(ValueError, match="probe batch"):
+    memory.estimate_memory(trace(tiny, TrainSettings(batch=2, seq=64),
+                                 abstract_mesh(plan)), plan)
 
 
 def test_policies_attention_loss_chunks_offload(tiny):
@@ -258,8 +263,10 @@ def test_loss_keeps_one_f32_logits_buffer(tiny):
   e = _estimate(tiny, plan, batch=8, seq=128)
   v, d = tiny.vocab_size, tiny.d_model
   logits = [t for t in e.tensors if t.category == "logits"]
-  full = [t for t in logits if t.shape == (2, 128, v) and t.linear]
-  assert len(full) == 1 and full[0].linear == 2 * 128 * v * 4
+  at_8 = lambda t: (rescale(t.shape, 8, e.traced_batch),
+                    t.bytes_at(8, e.traced_batch))
+  full = [t for t in logits if at_8(t)[0] == (2, 128, v) and t.linear]
+  assert len(full) == 1 and at_8(full[0])[1] == 2 * 128 * v * 4
   weight = [t for t in logits if "weight gradient" in t.name]
   assert [t.fixed for t in weight] == [d * v * 4]
 

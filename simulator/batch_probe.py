@@ -1,0 +1,55 @@
+"""Trace once at a probe batch; rescale to any batch exactly, without retracing.
+
+Every batch-dependent value of the train step carries the batch in exactly one
+dim (activations [batch, ...], merged dims such as batch·heads; the weight
+gradient's matmul contracts it), so its bytes and FLOPs are linear in the
+batch, and every other value does not depend on the batch at all. Tracing at
+a global batch of PROBE sequences per device makes that dim recognisable:
+
+- a dim derived from the batch is a multiple of PROBE (the global batch is
+  PROBE·devices; sharding it divides by factors of the device count, which
+  are smaller than PROBE);
+- any other dim is a product of model dimensions (vocabulary, widths, heads,
+  sequence), each smaller than PROBE and so, PROBE being prime, never a
+  multiple of it (`check_config` refuses the rare config where that fails).
+
+So one trace gives every figure's split into fixed + linear, which is what the
+two-trace fit (B and 2B) gave before, at half the tracing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from models.config import ModelConfig
+from simulator.settings import TrainSettings
+
+PROBE = 1_000_003  # sequences per device at the probe batch; a prime
+
+
+def carries_batch(shape) -> bool:
+  """Whether a value traced at the probe batch scales with the batch."""
+  return any(d and d % PROBE == 0 for d in shape)
+
+
+def rescale(shape, batch: int, probe_batch: int) -> tuple[int, ...]:
+  """A probe-batch shape at global `batch` (its batch dim scaled)."""
+  return tuple(d * batch // probe_batch if d and d % PROBE == 0 else d
+               for d in shape)
+
+
+def check_config(cfg: ModelConfig, seq: int) -> None:
+  dims = [v for v in dataclasses.astuple(cfg) if isinstance(v, int)
+          and not isinstance(v, bool)] + [seq]
+  bad = [d for d in dims if d and d % PROBE == 0]
+  if bad:
+    raise ValueError(f"model dimension {bad[0]} is a multiple of the probe "
+                     f"batch {PROBE}; the batch scaling cannot tell it from "
+                     f"the batch")
+
+
+def probe_settings(cfg: ModelConfig, settings: TrainSettings,
+                   devices: int) -> TrainSettings:
+  """`settings` at the probe batch for a mesh of `devices` chips."""
+  check_config(cfg, settings.seq)
+  return dataclasses.replace(settings, batch=PROBE * devices)
