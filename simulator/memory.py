@@ -24,11 +24,14 @@ Every figure is a traced shape times its NamedSharding's per-device shape
   temporaries  the transient of the worst (any: blocks are identical) layer's
                backward: its recomputed activations (one Block traced alone
                with remat none, minus what the policy saved for it), its
-               weights gathered into the compute layout (unless saved), one
-               more layer's weights (the gathered-weight double buffer:
-               zero3 with X > 1 prefetches the next layer), and its weight
-               gradients in the compute layout before the reduce-scatter /
-               all-reduce and f32 cast.
+               weights gathered into the compute layout (unless saved), and
+               its weight gradients in the compute layout before the
+               reduce-scatter / all-reduce and f32 cast. One layer of
+               gathered weights, not two: XLA does prefetch the next layer's
+               gather, but as the current layer's weights die (at the peak of
+               llama2_7b on v5p-512 64x4 the live gathered weights add up to
+               93 MB against 101 MB for one layer; buffer dump in
+               experiments/validation.md).
 
 The peak is liveness-aware, not a sum of the categories. Arguments (params +
 optimizer + batch + their TPU tile padding, `tile_padding_bytes`; see
@@ -38,10 +41,13 @@ transient live set is the largest of its phases (`phase_bytes`):
   loss             residuals (activations - batch) + logits: every layer's
                    residuals are still saved while the loss runs forward and
                    backward; no layer gradient exists yet.
-  layers_backward  residuals + grads + temporaries: at the last layer's
-                   backward (the first one run) all residuals are still live,
-                   the scan's stacked gradient buffer is allocated whole, and
-                   one layer's transient is on top.
+  layers_backward  residuals + grads + temporaries, less the residuals saved
+                   only for what runs after the layer scan (final norm,
+                   output projection, loss: `top_only`, freed once their
+                   backward is done, before the layers'): at the last layer's
+                   backward (the first one run) every layer's residuals are
+                   live, the scan's stacked gradient buffer is allocated
+                   whole, and one layer's transient is on top.
   (the optimizer update holds grads plus fused elementwise temporaries, below
   layers_backward.)
 
@@ -110,6 +116,9 @@ class Tensor:
   dtype: str
   fixed: int
   linear: int
+  # Saved for the backward of what runs after the layer scan (final norm,
+  # output projection, loss): used and freed before the layers' backward.
+  top_only: bool = False
 
   def bytes_at(self, scale_num: int, scale_den: int) -> int:
     return self.fixed + self.linear * scale_num // scale_den
@@ -370,7 +379,10 @@ def _batch_dependent(traced: Traced, tiled: bool = False) -> list[Tensor]:
                    model.rules.spec("activations", ("batch", "length", "vocab")))
     logits_shape = device_shape(dlogits)
   loss_residuals = []
-  for r in _saved(traced.residuals):
+  saved = _saved(traced.residuals)
+  scans = [i for i, r in enumerate(saved) if _is_blocks_scan(r)]
+  after_layers = scans[-1] + 1 if scans else 0  # residuals are in forward order
+  for i, r in enumerate(saved):
     if _on_host(r.aval):
       category = "host"
     elif any(f in r.source for f in _LOSS_FUNCTIONS):
@@ -379,7 +391,8 @@ def _batch_dependent(traced: Traced, tiled: bool = False) -> list[Tensor]:
     else:
       category = "activations"
     prefix = f"blocks[{n_layers} layers] " if _is_blocks_scan(r) else ""
-    tensors.append(_residual_tensor(category, r, prefix))
+    tensors.append(dataclasses.replace(_residual_tensor(category, r, prefix),
+                                       top_only=i >= after_layers))
   tensors += _loss_live_set(loss_residuals, logits_shape, "")
   # Logits: with loss_chunks > 1, one chunk's residuals recomputed in the
   # backward (its d(logits) again lives in place of its logits buffer).
@@ -502,8 +515,6 @@ def _output_weight_grad(traced: Traced) -> list[Tensor]:
 
 def _temporary_tensors(traced: Traced) -> list[Tensor]:
   """One layer's backward transient: the temporaries category."""
-  step = traced.step
-  mesh = _mesh_of(traced)
   recompute_linear, kept_fixed = _one_layer(traced)
   weights = _layer_weight_tensors(traced)
   layer_w = sum(b for *_, b in weights)
@@ -518,12 +529,6 @@ def _temporary_tensors(traced: Traced) -> list[Tensor]:
                     f"one layer's weights gathered to the compute layout "
                     f"(largest {largest[0]})", largest[1], largest[2],
                     max(0, layer_w - kept_fixed), 0))
-  x_sharded = any("X" in str(leaf.sharding.spec)
-                  for leaf in jax.tree.leaves(step.params["blocks"]))
-  if x_sharded and mesh.shape["X"] > 1:
-    out.append(Tensor("temporaries",
-                      "next layer's gathered weights (double buffer)",
-                      largest[1], largest[2], layer_w, 0))
   out.append(Tensor("temporaries",
                     "one layer's weight gradients before reduce-scatter "
                     "(compute layout)", largest[1], largest[2], layer_w, 0))
@@ -554,7 +559,7 @@ def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
   totals = {c: 0 for c in CATEGORIES}
   host = padding = 0
   by_category: dict[str, list[Contributor]] = {}
-  batch_bytes = 0
+  batch_bytes = top_only = 0
   for t in tensors:
     b = t.bytes_at(batch, traced_batch)
     if t.category == "batch_padding":
@@ -568,6 +573,8 @@ def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
       totals[t.category] += b
     if t.category == "activations" and t.name.startswith("batch"):
       batch_bytes += b
+    if t.top_only and t.category == "activations":
+      top_only += b
     if b:
       by_category.setdefault(t.category, []).append(
           Contributor(t.name, rescale(t.shape, batch, traced_batch), t.dtype,
@@ -576,7 +583,8 @@ def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
   residuals = totals["activations"] - batch_bytes
   phases = {
       "loss": residuals + totals["logits"],
-      "layers_backward": residuals + totals["grads"] + totals["temporaries"],
+      "layers_backward": (residuals - top_only + totals["grads"]
+                          + totals["temporaries"]),
   }
   comparable = arguments + max(phases.values())
   totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
