@@ -59,11 +59,15 @@ def render(result: dict, header: str) -> str:
   if c.get("flops") is not None:
     lines.append(f"cost: {c['flops']:.4g} flops, {c['bytes_accessed']:.4g} bytes "
                  f"accessed, optimal {c['optimal_seconds']} s (per device)")
-  lines.append(f"collectives in the HLO (per device per step, "
-               f"{c['collective_bytes'] / GiB:.4f} GiB out):")
-  for k, v in c["collectives"].items():
-    lines.append(f"  {k:<28} ops {v['ops']:4d} runs {v['count']:5d} "
-                 f"{v['out_bytes'] / GiB:10.4f} GiB")
+  cc = result["collectives"]
+  err = cc["relative_error"]
+  lines.append(f"collectives, per device per step (V: gathered result, "
+               f"unreduced input, or the array), GiB: symbolic "
+               f"{cc['symbolic_bytes'] / GiB:.4f}, HLO {cc['hlo_bytes'] / GiB:.4f}"
+               f" ({'n/a' if err is None else f'{100 * err:+.2f}%'})")
+  for k in sorted(set(cc["symbolic"]) | set(cc["hlo"])):
+    lines.append(f"  {k:<28} symbolic {cc['symbolic'].get(k, 0) / GiB:10.4f}"
+                 f"   HLO {cc['hlo'].get(k, 0) / GiB:10.4f}")
   if c.get("measured"):
     m = c["measured"]
     lines.append(f"measured on {m['device']}: peak_bytes_in_use "
@@ -77,15 +81,19 @@ def validate(cfg, settings, topology_name: str, x: int, y: int,
              progress=None) -> dict:
   """The JSON result for one config (symbolic from memory_report, compiled from
   simulator.compiled)."""
-  from meshes.layout import plan_mesh
+  from meshes.layout import abstract_mesh, plan_mesh
   from meshes.topology import parse_topology
-  from simulator import compiled, memory
+  from simulator import comms, compiled, memory
+  from simulator.trace import trace
   plan = plan_mesh(parse_topology(topology_name), x, y)
   estimate = memory.memory_report(cfg, settings, plan)
   kwargs = {} if progress is None else {"progress": progress}
   rep = compiled.compile_report(cfg, settings, target or topology_name, x, y,
                                 execute_steps=execute_steps, **kwargs)
   out = compiled.compare(estimate, rep)
+  traced = trace(cfg, settings, abstract_mesh(plan), residuals=False)
+  out["collectives"] = compiled.compare_collectives(comms.collectives(traced),
+                                                    rep)
   out["config"] = {"model": cfg.name, "topology": topology_name, "mesh": f"{x}x{y}",
                    "target": target or topology_name, **vars_of(settings)}
   return out

@@ -26,8 +26,11 @@ Figures read (per device, bytes):
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
+import os
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -177,6 +180,7 @@ class Compiled:
   mesh: Any
   compiled: Any  # jax.stages.Compiled
   seconds: float
+  hlo_text: str = ""  # the optimized HLO module ("" if it could not be had)
 
 
 def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
@@ -185,13 +189,31 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   say = progress or (lambda _: None)
   step = build_step(cfg, settings, mesh)
   t0 = time.perf_counter()
-  with jax.set_mesh(mesh):
+  on_tpu = mesh.devices.flat[0].platform == "tpu"
+  with jax.set_mesh(mesh), tempfile.TemporaryDirectory() as dump:
     lowered = jax.jit(step.fn, donate_argnums=(0, 1)).lower(*step.args)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
-    compiled = lowered.compile()
-  seconds = time.perf_counter() - t0
+    # libtpu 0.0.52's Compiled.as_text() fails on some modules (async-update
+    # RET_CHECK); the compiler's own dump of the optimized module does not.
+    compiled = lowered.compile(
+        compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
+                          "xla_dump_hlo_pass_re": "^$"} if on_tpu else None)
+    seconds = time.perf_counter() - t0
+    hlo_text = _optimized_hlo(compiled, dump)
   say(f"{label}compiled in {seconds:.1f} s")
-  return Compiled(step, mesh, compiled, seconds)
+  return Compiled(step, mesh, compiled, seconds, hlo_text)
+
+
+def _optimized_hlo(compiled, dump: str) -> str:
+  try:
+    return compiled.as_text() or ""
+  except Exception as e:  # noqa: BLE001 - fall back to the compiler's dump
+    files = glob.glob(os.path.join(dump, "*jit_step*after_optimizations.txt"))
+    if files:
+      with open(files[0]) as f:
+        return f.read()
+    _stderr(f"compiled HLO text unavailable, no collectives ({e})"[:300])
+    return ""
 
 
 def _get(obj, name, default=0):
@@ -222,13 +244,8 @@ def report(c: Compiled, target: str) -> CompiledReport:
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
   cost = cost or {}
-  try:  # libtpu 0.0.52 fails to print some modules (async-update RET_CHECK)
-    text = c.compiled.as_text() or ""
-  except Exception as e:  # noqa: BLE001 - memory and cost figures still stand
-    _stderr(f"{target}: compiled HLO text unavailable, no collectives ({e})"[:300])
-    text = ""
   colls, known = hlo_collectives.parse_collectives(
-      text, tuple(c.mesh.shape[a] for a in layout.AXIS_NAMES), layout.AXIS_NAMES)
+      c.hlo_text, tuple(c.mesh.shape[a] for a in layout.AXIS_NAMES), layout.AXIS_NAMES)
   return CompiledReport(
       target=target, mesh=(c.mesh.shape["X"], c.mesh.shape["Y"]),
       compile_seconds=c.seconds, argument_bytes=arg, output_bytes=out,
@@ -368,3 +385,25 @@ def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
          "peak": _rel(pd["peak"], rep.peak_bytes),
          "peak_no_overhead": _rel(sym["peak_no_overhead"], rep.peak_bytes)}
   return {"symbolic": sym, "compiled": comp, "relative_error": err}
+
+
+def compare_collectives(symbolic, rep: CompiledReport) -> dict[str, Any]:
+  """Per-device bytes per step by "kind@axis": the traced program's collectives
+  (simulator.comms) vs the compiled HLO's, both as V (the gathered result of an
+  all-gather, the unreduced input of a reduce-scatter, the array otherwise).
+
+  XLA may rewrite what the shardings imply (an all-reduce plus a slice for a
+  reduce-scatter, gathers moved out of or into the layer loop, combined ops),
+  so kinds can differ where the totals agree.
+  """
+  sym: dict[str, int] = {}
+  for c in symbolic:
+    kind = "collective-permute" if c.kind == "permute" else c.kind
+    key = f"{kind}@{c.axis}"
+    sym[key] = sym.get(key, 0) + int(c.bytes_per_device) * int(c.count)
+  hlo = {k: v["out_bytes"] if k.startswith("all-gather") else v["in_bytes"]
+         for k, v in rep.collective_summary().items()}
+  s, h = sum(sym.values()), sum(hlo.values())
+  return {"symbolic": dict(sorted(sym.items())), "hlo": hlo,
+          "symbolic_bytes": s, "hlo_bytes": h,
+          "relative_error": (s - h) / h if h else None}
