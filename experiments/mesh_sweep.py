@@ -20,6 +20,7 @@ experiments.results and experiments.tensorboard_writer.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -95,9 +96,23 @@ def run_dir_for(logdir: str, name: str, resume: bool) -> str:
   return max(found, key=os.path.getmtime)
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepRun:
+  run_dir: str
+  results_path: str
+  tensorboard_dir: str
+  ranked: list  # result records, best first (search.rank)
+  recommendation: str
+
+  def to_json(self) -> dict:
+    return {"run_dir": self.run_dir, "results": self.results_path,
+            "tensorboard": self.tensorboard_dir,
+            "recommendation": self.recommendation, "ranked": self.ranked}
+
+
 def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = False,
-              top_k: int = 3, progress: bool = True, out=sys.stdout) -> str:
-  """The whole study; returns the run folder. Validates before any work."""
+              top_k: int = 3, progress: bool = True, out=sys.stdout) -> SweepRun:
+  """The whole study. Validates before any work."""
   from tqdm import tqdm
   from experiments import tensorboard_writer as tbw
   from experiments.results import FILENAME, ResultsFile
@@ -134,7 +149,7 @@ def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = Fal
   tb_dir = tbw.write_sweep(run_dir, ranked, text, why, topo.chip.hbm_bytes)
   print(f"results: {results.path}\ntensorboard: {tb_dir} "
         f"(tensorboard --logdir {logdir})", file=out)
-  return run_dir
+  return SweepRun(run_dir, results.path, tb_dir, ranked, why)
 
 
 def main(argv) -> None:
@@ -142,10 +157,9 @@ def main(argv) -> None:
   spec = spec_from_flags()
   if FLAGS.format == "json":
     import io
-    buf = io.StringIO()
-    run_dir = run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume,
-                        FLAGS.top_k, FLAGS.progress, out=buf)
-    print(json.dumps({"run_dir": run_dir}))
+    run = run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume,
+                    FLAGS.top_k, FLAGS.progress, out=io.StringIO())
+    print(json.dumps(run.to_json(), default=str))
     return
   run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume, FLAGS.top_k,
             FLAGS.progress)

@@ -19,12 +19,32 @@ SPEC = search.SweepSpec(model="tiny", topology="v5p-8", batches=(4, 8),
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def swept(tmp_path_factory):
   logdir = str(tmp_path_factory.mktemp("runs"))
   import io
   out = io.StringIO()
-  run_dir = mesh_sweep.run_sweep(SPEC, logdir, "t", top_k=1, progress=False, out=out)
-  return logdir, run_dir, out.getvalue()
+  sweep = mesh_sweep.run_sweep(SPEC, logdir, "t", top_k=1, progress=False,
+                               out=out)
+  return logdir, sweep, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run(swept):
+  logdir, sweep, out = swept
+  return logdir, sweep.run_dir, out
+
+
+def test_json_summary_is_the_ranked_results(swept):
+  """What --format=json prints: run paths, the recommendation, every record
+  best first."""
+  sweep = swept[1]
+  j = json.loads(json.dumps(sweep.to_json(), default=str))
+  assert j["recommendation"].startswith("recommended: mesh")
+  assert j["results"] == os.path.join(sweep.run_dir, "results.jsonl")
+  assert os.path.isdir(j["tensorboard"])
+  assert sorted(map(search.record_key, j["ranked"])) == sorted(
+      map(search.record_key, _lines(sweep.run_dir)))
+  assert j["ranked"] == search.rank(j["ranked"])
 
 
 def _lines(run_dir):

@@ -37,7 +37,7 @@ def _get(base, path, data=None):
 def test_server_serves_runs_scalars_hparams_and_text(tmp_path):
   logdir = str(tmp_path)
   run_dir = mesh_sweep.run_sweep(SPEC, logdir, "s", top_k=0, progress=False,
-                                 out=io.StringIO())
+                                 out=io.StringIO()).run_dir
   records = [json.loads(l) for l in open(os.path.join(run_dir, "results.jsonl"))]
   ok = [r for r in records if r["status"] == "ok"]
   port = _free_port()
