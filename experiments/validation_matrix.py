@@ -6,8 +6,8 @@ Every config is compiled for its v5p topology through libtpu (no TPU needed). A
 config that fails (including out-of-memory at compile time) is recorded as failed
 and the run goes on. Progress goes to stderr; the table (with its summary: median
 and worst relative error of peak, of arguments and of collective bytes,
-symbolic vs HLO) is
-rewritten after every config, so a cut-short run still leaves its rows.
+symbolic vs HLO) is rewritten after every config, so a cut-short run still
+leaves its rows.
 """
 
 from __future__ import annotations

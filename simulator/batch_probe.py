@@ -48,6 +48,13 @@ def check_config(cfg: ModelConfig, seq: int) -> None:
                      f"the batch")
 
 
+def require_probe(batch: int, devices: int, what: str) -> None:
+  """Refuse a trace that was not taken at the probe batch."""
+  if batch != PROBE * devices:
+    raise ValueError(f"{what} needs the step traced at the probe batch "
+                     f"(simulator.trace.trace_probe), not batch {batch}")
+
+
 def probe_settings(cfg: ModelConfig, settings: TrainSettings,
                    devices: int) -> TrainSettings:
   """`settings` at the probe batch for a mesh of `devices` chips."""

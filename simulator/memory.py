@@ -30,8 +30,8 @@ Every figure is a traced shape times its NamedSharding's per-device shape
                gathered weights, not two: XLA does prefetch the next layer's
                gather, but as the current layer's weights die (at the peak of
                llama2_7b on v5p-512 64x4 the live gathered weights add up to
-               93 MB against 101 MB for one layer; buffer dump in
-               experiments/validation.md).
+               93 MB against 101 MB for one layer; see README, "Does the
+               compiler agree?").
 
 The peak is liveness-aware, not a sum of the categories. Arguments (params +
 optimizer + batch + their TPU tile padding, `tile_padding_bytes`; see
@@ -88,7 +88,7 @@ from meshes.layout import MeshPlan, abstract_mesh
 from models import transformer
 from models.config import ModelConfig
 from models.remat import policy as remat_policy
-from simulator.batch_probe import PROBE, carries_batch, rescale
+from simulator.batch_probe import carries_batch, require_probe, rescale
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes, device_shape
 from simulator.trace import Residual, Traced, saved_residuals, trace_probe
@@ -541,9 +541,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   `at_batch` for a real one."""
   step = traced.step
   batch = step.batch["inputs"].shape[0]
-  if batch != PROBE * plan.X * plan.Y:
-    raise ValueError(f"estimate_memory needs the step traced at the probe "
-                     f"batch (simulator.trace.trace_probe), not batch {batch}")
+  require_probe(batch, plan.X * plan.Y, "estimate_memory")
   per_device_batch = device_shape(step.batch["inputs"])[0]
   tiled = plan.topology.chip.kind == "tpu"
   tensors = _state_tensors(traced, tiled)

@@ -50,10 +50,10 @@ import math
 import numpy as np
 
 from meshes.layout import MeshPlan, abstract_mesh, factorizations, plan_mesh
+from simulator.batch_probe import carries_batch, require_probe
 from simulator.comms import axis_bandwidth, ring_time
 from simulator.program import Program, read_traced
 from simulator.settings import TrainSettings
-from simulator.batch_probe import PROBE, carries_batch
 from simulator.trace import Traced, trace_probe
 
 PASSES = {"forward": ("forward",), "train": ("forward", "backward"),
@@ -184,9 +184,7 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan), residuals=False)
   batch = traced.step.batch["inputs"].shape[0]
-  if batch != PROBE * plan.X * plan.Y:
-    raise ValueError(f"fit_mesh needs the step traced at the probe batch "
-                     f"(simulator.trace.trace_probe), not batch {batch}")
+  require_probe(batch, plan.X * plan.Y, "fit_mesh")
   return fit(read_traced(traced), batch * settings.seq, plan, settings.seq)
 
 

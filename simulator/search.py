@@ -3,8 +3,9 @@
 The expensive part of evaluating a config is tracing the step (~0.4 s for a 70B
 model); everything per batch size is arithmetic. So the step is traced once per
 (mesh, remat, shard, optimizer), at the probe batch (simulator.batch_probe), and
-each batch size rescales that one trace's memory estimate and timing fit. A ValueError raised while *building* the step (a param dimension that Y
-or X does not divide) cannot depend on remat, so it is cached per
+each batch size rescales that one trace's memory estimate and timing fit. A
+ValueError raised while *building* the step (a param dimension that Y or X does
+not divide) cannot depend on remat, so it is cached per
 (mesh, shard, optimizer) and the other remat policies fail without retracing.
 
 Estimates come through `_Estimator`, the one adapter onto simulator.memory and
@@ -177,6 +178,7 @@ class Sweep:
         self._estimators[c.trace_key] = ValueError(self._build_errors[build_key])
       else:
         plan = plan_mesh(self.topo, c.X, c.Y)
+        # Any valid batch: trace_probe replaces it with the probe batch.
         settings = self.spec.settings(c.X, c.remat, c.shard, c.optimizer)
         try:
           with _gc_paused():
