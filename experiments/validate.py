@@ -29,6 +29,9 @@ flags.DEFINE_string("target", None, "compile for: the --topology (default, TPU v
                     "libtpu), cpu (fake CPU devices) or gpu (local GPUs)")
 flags.DEFINE_integer("execute_steps", 0, "on --target=gpu, run this many steps on "
                      "random data and read device.memory_stats() peak")
+flags.DEFINE_string("dump_dir", None, "TPU: keep the compiler's dumps (optimized "
+                    "module, buffer assignment, live ranges) in this directory")
+PEAK_LINES = 12  # buffers at XLA's peak shown in the text report
 
 
 def _pct(x) -> str:
@@ -68,6 +71,14 @@ def render(result: dict, header: str) -> str:
   for k in sorted(set(cc["symbolic"]) | set(cc["hlo"])):
     lines.append(f"  {k:<28} symbolic {cc['symbolic'].get(k, 0) / GiB:10.4f}"
                  f"   HLO {cc['hlo'].get(k, 0) / GiB:10.4f}")
+  if c.get("peak_buffers"):
+    lines.append(f"XLA's live set at its peak (at {c['peak_instruction']}; "
+                 f"{c['peak_live_bytes'] / GiB:.4f} GiB from the dumped buffer "
+                 f"assignment and live ranges), largest buffers, MiB "
+                 f"(A: argument):")
+    for b in c["peak_buffers"][:PEAK_LINES]:
+      lines.append(f"  {b['bytes'] / 2**20:10.2f} {'A' if b['argument'] else ' '} "
+                   f"{b['shape'][:44]:<44} {b['op_name'][-70:]}")
   if c.get("measured"):
     m = c["measured"]
     lines.append(f"measured on {m['device']}: peak_bytes_in_use "
@@ -78,7 +89,7 @@ def render(result: dict, header: str) -> str:
 
 def validate(cfg, settings, topology_name: str, x: int, y: int,
              target: str | None = None, execute_steps: int = 0,
-             progress=None) -> dict:
+             progress=None, dump_dir: str | None = None) -> dict:
   """The JSON result for one config (symbolic from memory_report, compiled from
   simulator.compiled)."""
   from meshes.layout import abstract_mesh, plan_mesh
@@ -89,7 +100,8 @@ def validate(cfg, settings, topology_name: str, x: int, y: int,
   estimate = memory.memory_report(cfg, settings, plan)
   kwargs = {} if progress is None else {"progress": progress}
   rep = compiled.compile_report(cfg, settings, target or topology_name, x, y,
-                                execute_steps=execute_steps, **kwargs)
+                                execute_steps=execute_steps, dump_dir=dump_dir,
+                                **kwargs)
   out = compiled.compare(estimate, rep)
   traced = trace(cfg, settings, abstract_mesh(plan), residuals=False)
   out["collectives"] = compiled.compare_collectives(comms.collectives(traced),
@@ -113,8 +125,14 @@ def main(argv):
     from simulator.compiled import ensure_cpu_devices
     ensure_cpu_devices(x * y)
   settings = cli.train_settings()
+  if FLAGS.dump_dir:
+    import os
+    if os.path.exists(FLAGS.dump_dir) and not os.path.isdir(FLAGS.dump_dir):
+      cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is a file; give a directory "
+               "(created if missing)")
+    os.makedirs(FLAGS.dump_dir, exist_ok=True)
   result = validate(cfg, settings, FLAGS.topology, x, y, FLAGS.target,
-                    FLAGS.execute_steps)
+                    FLAGS.execute_steps, dump_dir=FLAGS.dump_dir)
   if FLAGS.format == "json":
     print(json.dumps(result, indent=1, default=str))
   else:

@@ -25,6 +25,7 @@ Figures read (per device, bytes):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import math
@@ -40,7 +41,7 @@ import numpy as np
 from meshes import layout
 from meshes.topology import parse_topology
 from models.config import ModelConfig
-from simulator import hlo_collectives
+from simulator import hlo_collectives, xla_peak
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step, device_bytes, device_shape
 
@@ -137,6 +138,9 @@ def layout_argument_bytes(c: "Compiled") -> int | None:
   return total
 
 
+PEAK_BUFFERS = 16  # buffers at XLA's peak kept in the JSON report
+
+
 @dataclasses.dataclass
 class CompiledReport:
   target: str
@@ -159,17 +163,26 @@ class CompiledReport:
   collectives: list[hlo_collectives.HloCollective]
   trip_counts_known: bool
   measured: dict[str, Any] | None = None  # GPU: run_steps' memory_stats figures
+  xla_peak: xla_peak.XlaPeak | None = None  # TPU: what is live at the peak
 
   def collective_summary(self) -> dict[str, dict[str, int]]:
     return hlo_collectives.summarize(self.collectives)
+
+  def peak_buffers(self, top: int = PEAK_BUFFERS) -> list[dict[str, Any]]:
+    """The largest buffers live at XLA's peak (TPU; [] elsewhere)."""
+    if self.xla_peak is None:
+      return []
+    return [dataclasses.asdict(b) for b in self.xla_peak.buffers[:top]]
 
   def collective_bytes(self) -> int:
     """Per-device bytes out of all collectives per step (loops unrolled)."""
     return sum(c.total_out_bytes for c in self.collectives)
 
   def to_json(self) -> dict[str, Any]:
-    d = {k: v for k, v in dataclasses.asdict(self).items() if k != "collectives"}
+    d = {k: v for k, v in dataclasses.asdict(self).items()
+         if k not in ("collectives", "xla_peak")}
     d["collectives"] = self.collective_summary()
+    d["peak_buffers"] = self.peak_buffers()
     d["collective_bytes"] = self.collective_bytes()
     return d
 
@@ -181,16 +194,23 @@ class Compiled:
   compiled: Any  # jax.stages.Compiled
   seconds: float
   hlo_text: str = ""  # the optimized HLO module ("" if it could not be had)
+  xla_peak: xla_peak.XlaPeak | None = None  # TPU: the buffers at the peak
 
 
 def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
-                 progress: Progress | None = None, label: str = "") -> Compiled:
-  """Builds, lowers and compiles the train step on `mesh` (a real Mesh)."""
+                 progress: Progress | None = None, label: str = "",
+                 dump_dir: str | None = None) -> Compiled:
+  """Builds, lowers and compiles the train step on `mesh` (a real Mesh).
+
+  On TPU the compiler dumps the optimized module, its buffer assignment and
+  live ranges into `dump_dir` (a temporary directory if None).
+  """
   say = progress or (lambda _: None)
   step = build_step(cfg, settings, mesh)
   t0 = time.perf_counter()
   on_tpu = mesh.devices.flat[0].platform == "tpu"
-  with jax.set_mesh(mesh), tempfile.TemporaryDirectory() as dump:
+  keep = contextlib.nullcontext(dump_dir) if dump_dir else None
+  with jax.set_mesh(mesh), keep or tempfile.TemporaryDirectory() as dump:
     lowered = jax.jit(step.fn, donate_argnums=(0, 1)).lower(*step.args)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
     # libtpu 0.0.52's Compiled.as_text() fails on some modules (async-update
@@ -200,8 +220,9 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                           "xla_dump_hlo_pass_re": "^$"} if on_tpu else None)
     seconds = time.perf_counter() - t0
     hlo_text = _optimized_hlo(compiled, dump)
+    peak = xla_peak.read_peak(dump) if on_tpu else None
   say(f"{label}compiled in {seconds:.1f} s")
-  return Compiled(step, mesh, compiled, seconds, hlo_text)
+  return Compiled(step, mesh, compiled, seconds, hlo_text, peak)
 
 
 def _optimized_hlo(compiled, dump: str) -> str:
@@ -256,20 +277,24 @@ def report(c: Compiled, target: str) -> CompiledReport:
       optimal_seconds=cost.get("optimal_seconds"),
       symbolic_arguments=symbolic_argument_bytes(c.step),
       layout_argument_bytes=layout_argument_bytes(c), collectives=colls,
-      trip_counts_known=known)
+      trip_counts_known=known, xla_peak=c.xla_peak)
 
 
 def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
                    X: int, Y: int, progress: Progress | None = _stderr,
-                   execute_steps: int = 0) -> CompiledReport:
+                   execute_steps: int = 0, dump_dir: str | None = None
+                   ) -> CompiledReport:
   """Compiles for target (TPU topology name, "cpu" or "gpu") and reads the figures.
 
-  execute_steps > 0 on a GPU also runs that many steps (see `run_steps`).
+  execute_steps > 0 on a GPU also runs that many steps (see `run_steps`);
+  dump_dir keeps the TPU compiler's dumps (module, buffer assignment, live
+  ranges) there.
   """
   label = f"[{cfg.name} {target} {X}x{Y}] "
   if progress:
     progress(f"{label}building and lowering the train step ...")
-  c = compile_step(cfg, settings, make_mesh(target, X, Y), progress, label)
+  c = compile_step(cfg, settings, make_mesh(target, X, Y), progress, label,
+                   dump_dir)
   rep = report(c, target)
   if execute_steps and target_kind(target) == "gpu":
     rep.measured = run_steps(c, execute_steps)
@@ -375,7 +400,10 @@ def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
           "step_argument_bytes": rep.symbolic_arguments["arguments"],
           "collective_bytes": rep.collective_bytes(),
           "collectives": rep.collective_summary(),
-          "trip_counts_known": rep.trip_counts_known}
+          "trip_counts_known": rep.trip_counts_known,
+          "peak_instruction": rep.xla_peak.instruction if rep.xla_peak else None,
+          "peak_live_bytes": rep.xla_peak.peak_bytes if rep.xla_peak else None,
+          "peak_buffers": rep.peak_buffers()}
   if rep.measured:
     comp["measured"] = rep.measured
   err = {"arguments": _rel(sym["arguments"], rep.argument_bytes),

@@ -91,7 +91,7 @@ from models.remat import policy as remat_policy
 from simulator.batch_probe import carries_batch, require_probe, rescale
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes, device_shape
-from simulator.trace import Residual, Traced, saved_residuals, trace_probe
+from simulator.trace import Residual, Traced, fused_residuals, trace_probe
 
 # Runtime and fragmentation overhead as a fraction of the compiled-comparable
 # peak. Seed 001 gives 5-20% ("typically"), and its worked estimator uses 10%;
@@ -101,7 +101,7 @@ from simulator.trace import Residual, Traced, saved_residuals, trace_probe
 OVERHEAD_FRACTION = 0.10
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "logits",
-              "temporaries", "overhead", "peak")
+              "temporaries", "param_casts", "overhead", "peak")
 TOP_CONTRIBUTORS = 5
 _LOSS_FUNCTIONS = ("(_loss)", "(_chunked_loss)")
 
@@ -119,6 +119,9 @@ class Tensor:
   # Saved for the backward of what runs after the layer scan (final norm,
   # output projection, loss): used and freed before the layers' backward.
   top_only: bool = False
+  # "logits_buffer" (the loss's f32 logits) or "output_grad" (the output
+  # projection's weight gradient): the two `_phases` places in time.
+  role: str = ""
 
   def bytes_at(self, scale_num: int, scale_den: int) -> int:
     return self.fixed + self.linear * scale_num // scale_den
@@ -152,6 +155,7 @@ class MemoryEstimate:
   compiled_comparable_peak: int = 0  # peak - overhead: what XLA's peak is
   phase_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
   traced_batch: int = 0  # the batch `tensors` were traced at (the probe)
+  output_grad_deferred: bool = False  # see `defers_output_grad`
 
   def at_batch(self, batch: int) -> "MemoryEstimate":
     """The same mesh and program at another global batch, without retracing."""
@@ -159,7 +163,7 @@ class MemoryEstimate:
       raise ValueError(f"batch={batch!r} must be a positive multiple of "
                        f"{self.batch_shards} (the batch's shards)")
     return _assemble(self.tensors, batch, self.traced_batch, self.hbm_bytes,
-                     self.batch_shards)
+                     self.batch_shards, self.output_grad_deferred)
 
 
 # --------------------------------------------------------------------------
@@ -241,7 +245,7 @@ def layer_residuals(traced: Traced, remat: str = "none"
     return block.apply({"params": p}, x, None)[0]
 
   with jax.sharding.use_abstract_mesh(mesh):
-    return saved_residuals(f, _block_params(step, mesh), x)
+    return fused_residuals(f, _block_params(step, mesh), x)
 
 
 def _loss_chunk_residuals(traced: Traced) -> tuple[Residual, ...]:
@@ -258,7 +262,7 @@ def _loss_chunk_residuals(traced: Traced) -> tuple[Residual, ...]:
   t = _sds((batch, seq), jnp.int32, mesh,
            rules.spec("activations", ("batch", "length")))
   with jax.sharding.use_abstract_mesh(mesh):
-    return saved_residuals(lambda x, w, t: transformer._loss(x, w, t, rules),
+    return fused_residuals(lambda x, w, t: transformer._loss(x, w, t, rules),
                            x, w, t)
 
 
@@ -390,6 +394,8 @@ def _batch_dependent(traced: Traced, tiled: bool = False) -> list[Tensor]:
       continue
     else:
       category = "activations"
+    if r.fused and i >= after_layers:
+      continue  # the final norm's f32 intermediates: fused into their users
     prefix = f"blocks[{n_layers} layers] " if _is_blocks_scan(r) else ""
     tensors.append(dataclasses.replace(_residual_tensor(category, r, prefix),
                                        top_only=i >= after_layers))
@@ -412,13 +418,14 @@ _LAYER_CACHE: dict[tuple, int] = {}
 _LAYER_CACHE_SIZE = 64
 
 
-def _unrematerialized_layer_bytes(traced: Traced) -> int:
-  """Linear bytes one Block saves with remat none. It does not depend on the
-  step's remat policy, shard mode or optimizer, so a sweep traces it once per
-  mesh (cached on what it does depend on)."""
+def _layer_linear_bytes(traced: Traced, remat: str) -> int:
+  """Linear bytes of the buffers one Block, traced alone, saves for its
+  backward under `remat` (residuals XLA fuses away and offloaded ones left
+  out). Independent of the step's shard mode and optimizer, so a sweep traces
+  it once per mesh and policy (cached on what it does depend on)."""
   step = traced.step
   m = step.model
-  key = (m.cfg, m.rules, m.attention, m.dtype, m.param_dtype,
+  key = (remat, m.cfg, m.rules, m.attention, m.dtype, m.param_dtype,
          _mesh_of(traced), step.batch["inputs"].shape,
          tuple(str(x.sharding.spec)
                for x in jax.tree.leaves(step.params["blocks"])))
@@ -426,24 +433,29 @@ def _unrematerialized_layer_bytes(traced: Traced) -> int:
     if len(_LAYER_CACHE) >= _LAYER_CACHE_SIZE:
       _LAYER_CACHE.clear()
     _LAYER_CACHE[key] = _fixed_linear(
-        _residual_tensor("", r)
-        for r in _saved(layer_residuals(traced, "none")))[1]
+        _residual_tensor("", r) for r in _saved(layer_residuals(traced, remat))
+        if not r.fused and not _on_host(r.aval))[1]
   return _LAYER_CACHE[key]
 
 
 def _one_layer(traced: Traced) -> tuple[int, int]:
   """(linear bytes one layer's backward recomputes, fixed bytes it kept).
 
-  Recomputed: one Block traced alone with nothing rematerialized, minus what
-  the remat policy saved per layer (the scan-stacked residuals / layers).
+  Recomputed: the buffers of one Block traced alone with nothing
+  rematerialized, less those the step's remat policy saved for it (the same
+  Block traced alone under the policy). Kept fixed bytes: the batch-free
+  residuals the policy saved per layer (gathered weights), from the step's
+  scan-stacked residuals.
   """
   n_layers = traced.step.model.cfg.n_layers
-  none_linear = _unrematerialized_layer_bytes(traced)
-  kept_fixed, kept_linear = _fixed_linear(
+  remat = traced.step.model.remat
+  recomputed = _layer_linear_bytes(traced, "none")
+  if remat != "none":
+    recomputed -= _layer_linear_bytes(traced, remat)
+  kept_fixed, _ = _fixed_linear(
       _residual_tensor("", r) for r in _saved(traced.residuals)
       if _is_blocks_scan(r) and not _on_host(r.aval))
-  return (max(0, none_linear - kept_linear // n_layers),
-          kept_fixed // n_layers)
+  return max(0, recomputed) if remat != "none" else 0, kept_fixed // n_layers
 
 
 def _loss_live_set(residuals: list[Residual], logits_shape, prefix: str
@@ -469,7 +481,8 @@ def _loss_live_set(residuals: list[Residual], logits_shape, prefix: str
                                 name=t.name + " [fused by XLA]")
       else:
         t = dataclasses.replace(t, name=t.name + " [the f32 logits buffer, "
-                                "reused in place for d(logits)]")
+                                "reused in place for d(logits)]",
+                                role="logits_buffer" if not prefix else "")
         kept = True
     out.append(t)
   return out
@@ -510,7 +523,7 @@ def _output_weight_grad(traced: Traced) -> list[Tensor]:
            model.rules.spec("compute", ("embed", "vocab")))
   return [Tensor("logits", "output projection's weight gradient (f32, "
                  "compute layout)", device_shape(w), "float32",
-                 device_bytes(w), 0)]
+                 device_bytes(w), 0, role="output_grad")]
 
 
 def _temporary_tensors(traced: Traced) -> list[Tensor]:
@@ -530,9 +543,65 @@ def _temporary_tensors(traced: Traced) -> list[Tensor]:
                     f"(largest {largest[0]})", largest[1], largest[2],
                     max(0, layer_w - kept_fixed), 0))
   out.append(Tensor("temporaries",
-                    "one layer's weight gradients before reduce-scatter "
-                    "(compute layout)", largest[1], largest[2], layer_w, 0))
+                    f"one weight's gradient before its reduce-scatter (compute "
+                    f"layout, the largest: {largest[0]})", largest[1],
+                    largest[2], largest[3], 0))
   return out
+
+
+def _lookup_grad(traced: Traced) -> list[Tensor]:
+  """The embedding lookup's table gradient: a scatter-add into the whole
+  table as the lookup reads it (vocab replicated, models.transformer._lookup),
+  in the compute dtype, before its all-reduce; made after the layers'
+  backward (at the peak of gpt2 v5p-64 32x1: 73.7 MiB, bf16[50257,768])."""
+  step, mesh = traced.step, _mesh_of(traced)
+  model = step.model
+  if not model.cfg.embeddings:
+    return []
+  table = _sds((model.cfg.vocab_size, model.cfg.d_model),
+               model.dtype, mesh, model.rules.spec("activations",
+                                                   (None, "embed")))
+  return [Tensor("temporaries", "embedding table's gradient from the lookup "
+                 "(whole vocab, compute dtype, before its all-reduce)",
+                 device_shape(table), str(jnp.dtype(model.dtype)),
+                 device_bytes(table), 0, role="lookup_grad")]
+
+
+def _param_cast_tensors(traced: Traced) -> list[Tensor]:
+  """Every layer's weight shards in the compute dtype, when stored wider.
+
+  The layer loop casts its slice of the stacked weights before the gather;
+  XLA hoists that cast out of the loop and casts the whole stack once (seen
+  in the buffers at the peak of llama2_7b v5p-16 8x1 and v5p-512 64x4 and
+  gpt2 v5p-8 1x4), so the cast stack is live from the forward loop to the
+  end of the backward one.
+  """
+  step = traced.step
+  model = step.model
+  compute = jnp.dtype(model.dtype)
+  out = []
+  for name, leaf in _leaves_with_names(step.params["blocks"], "blocks"):
+    if len(leaf.shape) <= 2 or jnp.dtype(leaf.dtype) == compute:
+      continue  # norm scales and biases are used in f32 (models.layers.Norm)
+    shape = device_shape(leaf)
+    out.append(Tensor("param_casts", f"{name} cast to {compute} (all layers)",
+                      shape, str(compute),
+                      math.prod(shape) * compute.itemsize, 0))
+  return out
+
+
+def defers_output_grad(plan: MeshPlan) -> bool:
+  """Whether XLA makes the output projection's weight gradient after the
+  layers' backward rather than right after the loss.
+
+  Read off the compiled schedules (simulator.xla_peak live ranges of the
+  logits buffer against the backward layer loop) of ten configs: deferred on
+  every 1-D mesh (llama2_7b 8x1, 64x1; gpt2 16x1, 1x4), not on any 2-D one
+  (llama2_7b 16x4, 64x4, 32x8; gpt2 8x4). Why is the TPU scheduler's; this is
+  what it does, not a memory-minimizing choice we could derive (on 64x1 the
+  other order would peak lower).
+  """
+  return plan.X == 1 or plan.Y == 1
 
 
 def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
@@ -548,16 +617,38 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   tensors += _output_weight_grad(traced)
   tensors += _batch_dependent(traced, tiled)
   tensors += _temporary_tensors(traced)
+  tensors += _param_cast_tensors(traced)
+  tensors += _lookup_grad(traced)
   return _assemble(tuple(tensors), batch, batch, plan.topology.chip.hbm_bytes,
-                   batch // per_device_batch)
+                   batch // per_device_batch, defers_output_grad(plan))
+
+
+def _phases(totals: dict[str, int], residuals: int, top_only: int,
+            by_role: dict[str, int], deferred: bool) -> dict[str, int]:
+  """The transient live set of each phase (see the module doc); `deferred`:
+  the output projection's weight gradient is made after the layers'
+  backward, so the f32 logits buffer it is made from lives through it."""
+  casts = totals["param_casts"]
+  lookup = by_role.get("lookup_grad", 0)
+  layers = (residuals - top_only + totals["grads"] + totals["temporaries"]
+            - lookup + casts)
+  loss = residuals + casts + totals["logits"]
+  end = totals["grads"] + lookup
+  buffer = by_role.get("logits_buffer", 0)
+  if not buffer or not deferred:  # chunked loss: made in the chunk loop
+    return {"loss": loss, "layers_backward": layers, "embedding_backward": end}
+  grad = by_role.get("output_grad", 0)
+  return {"loss": loss - grad, "layers_backward": layers + buffer,
+          "embedding_backward": end + buffer + grad}
 
 
 def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
-              hbm_bytes: int, shards: int) -> MemoryEstimate:
+              hbm_bytes: int, shards: int, deferred: bool) -> MemoryEstimate:
   totals = {c: 0 for c in CATEGORIES}
   host = padding = 0
   by_category: dict[str, list[Contributor]] = {}
   batch_bytes = top_only = 0
+  by_role: dict[str, int] = {}
   for t in tensors:
     b = t.bytes_at(batch, traced_batch)
     if t.category == "batch_padding":
@@ -573,17 +664,15 @@ def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
       batch_bytes += b
     if t.top_only and t.category == "activations":
       top_only += b
+    if t.role:
+      by_role[t.role] = by_role.get(t.role, 0) + b
     if b:
       by_category.setdefault(t.category, []).append(
           Contributor(t.name, rescale(t.shape, batch, traced_batch), t.dtype,
                       b))
   arguments = totals["params"] + totals["optimizer"] + batch_bytes + padding
-  residuals = totals["activations"] - batch_bytes
-  phases = {
-      "loss": residuals + totals["logits"],
-      "layers_backward": (residuals - top_only + totals["grads"]
-                          + totals["temporaries"]),
-  }
+  phases = _phases(totals, totals["activations"] - batch_bytes, top_only,
+                   by_role, deferred)
   comparable = arguments + max(phases.values())
   totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
   totals["peak"] = comparable + totals["overhead"]
@@ -598,7 +687,8 @@ def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,
       batch_bytes=batch_bytes, contributors=contributors, batch=batch,
       batch_shards=shards, tensors=tensors, arguments_bytes=arguments,
       tile_padding_bytes=padding, compiled_comparable_peak=comparable,
-      phase_bytes=phases, traced_batch=traced_batch)
+      phase_bytes=phases, traced_batch=traced_batch,
+      output_grad_deferred=deferred)
 
 
 def memory_report(cfg: ModelConfig, settings: TrainSettings,

@@ -26,11 +26,11 @@ def test_flash_matches_materialized_values_and_grads(qkv, monkeypatch):
 
 
 def test_flash_saves_no_scores(qkv):
-  from simulator.trace import saved_residuals
+  from simulator.trace import fused_residuals
   q, k, v = qkv
   s = q.shape[1]
   for impl, has_s2 in (("flash", False), ("materialized", True)):
-    res = saved_residuals(lambda q, k, v: attention.attend(impl, q, k, v).sum(),
+    res = fused_residuals(lambda q, k, v: attention.attend(impl, q, k, v).sum(),
                           q, k, v)
     assert any(r.aval.shape[-2:] == (s, s) for r in res) == has_s2, impl
 

@@ -1,0 +1,158 @@
+"""What XLA holds at its memory peak, read off the compiler's own dumps.
+
+memory_analysis() gives one number; to explain a gap between it and the
+symbolic estimate we need the buffers behind it. The TPU compiler dumps, next
+to the optimized module (`*after_optimizations.txt`):
+
+  *-buffer-assignment.txt  every HLO value's allocation, offset and size;
+  *-live-range.txt         the schedule and every value's live range
+                           (`name{index}:start-end`, in schedule positions).
+
+Bytes in use at a position = per allocation, the union of the [offset,
+offset+size) ranges of its values live there (values aliasing one buffer, a
+while loop's tuple and its body's parameter, share offsets and count once).
+Thread-local and non-default memory-space ("color") allocations are not HBM
+and are left out. The maximum over the schedule reproduces
+memory_analysis().peak_memory_in_bytes on TPU (checked: llama2_7b v5p-16 8x1,
+9,775,129,600 B both ways), so the buffers live there are what the peak is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+
+_ALLOCATION = re.compile(r"allocation (\d+): size (\d+),(.*)")
+_VALUE = re.compile(r" value: <\d+ ([\w.\-]+)(\{[\d,]*\})?(?: \(phi\))? @\d+> "
+                    r"\(size=(\d+),offset=(\d+)\): (\S+)")
+_RANGE = re.compile(r"\s*([\w.\-]+)(\{[\d,]*\}):(\d+)-(\d+)")
+_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?([\w.\-]+) = ")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveBuffer:
+  bytes: int
+  value: str  # HLO value, name{tuple index}
+  shape: str  # HLO shape with layout
+  op_name: str  # the JAX op (or argument path) that made it
+  argument: bool  # an entry parameter (params, optimizer state, batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaPeak:
+  peak_bytes: int
+  position: int  # in the schedule
+  instruction: str  # scheduled there
+  buffers: tuple[LiveBuffer, ...]  # largest first
+
+
+def _files(dump_dir: str) -> tuple[str, str, str] | None:
+  found = glob.glob(os.path.join(
+      dump_dir, "*jit_step*after_optimizations-buffer-assignment.txt"))
+  if not found:
+    return None
+  assignment = found[0]
+  stem = assignment[:-len("-buffer-assignment.txt")]
+  live, hlo = stem + "-live-range.txt", stem + ".txt"
+  if not (os.path.exists(live) and os.path.exists(hlo)):
+    return None
+  return assignment, live, hlo
+
+
+def _op_names(hlo_path: str) -> dict[str, str]:
+  out = {}
+  with open(hlo_path) as f:
+    for line in f:
+      m = _INSTRUCTION.match(line)
+      if m:
+        op = _OP_NAME.search(line)
+        out[m.group(1)] = op.group(1) if op else ""
+  return out
+
+
+def _values(assignment_path: str
+            ) -> dict[str, tuple[int, int, int, bool, str]]:
+  """value -> (allocation, offset, size, is an entry parameter, shape), HBM
+  only."""
+  out, allocation = {}, None
+  with open(assignment_path) as f:
+    for line in f:
+      m = _ALLOCATION.match(line)
+      if m:
+        header = m.group(3)
+        hbm = "color" not in header and "thread-local" not in header
+        allocation = (int(m.group(1)), " parameter " in header) if hbm else None
+        continue
+      m = _VALUE.match(line)
+      if m and allocation is not None:
+        out[m.group(1) + (m.group(2) or "{}")] = (
+            allocation[0], int(m.group(4)), int(m.group(3)), allocation[1],
+            m.group(5))
+  return out
+
+
+def _covered(intervals: list[tuple[int, int]]) -> int:
+  total, end = 0, None
+  start = None
+  for a, b in sorted(intervals):
+    if end is None or a > end:
+      if end is not None:
+        total += end - start
+      start, end = a, b
+    else:
+      end = max(end, b)
+  return total + (end - start if end is not None else 0)
+
+
+def read_peak(dump_dir: str) -> XlaPeak | None:
+  """The live set at the compiled step's HBM peak, or None without dumps."""
+  files = _files(dump_dir)
+  if files is None:
+    return None
+  assignment_path, live_path, hlo_path = files
+  values = _values(assignment_path)
+  with open(live_path) as f:
+    text = f.read()
+  schedule = [line.strip().split(":", 1)[1] for line in
+              text[text.index("InstructionSequence:"):
+                   text.index("BufferLiveRange:")].splitlines()[1:]
+              if ":" in line]
+  starts: dict[int, list] = {}
+  ends: dict[int, list] = {}
+  body = text[text.index("BufferLiveRange:"):]
+  for line in body.splitlines()[1:]:
+    m = _RANGE.match(line)
+    if not m:
+      break
+    key = m.group(1) + m.group(2)
+    if key in values:
+      starts.setdefault(int(m.group(3)), []).append(key)
+      ends.setdefault(int(m.group(4)), []).append(key)
+  live: set[str] = set()
+  best, best_at, best_live = -1, 0, frozenset()
+  for t in range(len(schedule) + 1):
+    live.update(starts.get(t, ()))
+    if t in starts:
+      by_allocation: dict[int, list] = {}
+      for key in live:
+        a, offset, size = values[key][:3]
+        by_allocation.setdefault(a, []).append((offset, offset + size))
+      used = sum(_covered(v) for v in by_allocation.values())
+      if used > best:
+        best, best_at, best_live = used, t, frozenset(live)
+    live.difference_update(ends.get(t, ()))
+  op_names = _op_names(hlo_path)
+  buffers, seen = [], set()
+  for key in best_live:
+    a, offset, size, argument, shape = values[key]
+    if (a, offset, size) in seen:  # aliases of one buffer: list it once
+      continue
+    seen.add((a, offset, size))
+    op = op_names.get(key.split("{")[0], "")
+    buffers.append(LiveBuffer(size, key, shape, op, argument))
+  buffers.sort(key=lambda b: (-b.bytes, b.value))
+  at = schedule[best_at] if best_at < len(schedule) else ""
+  return XlaPeak(best, best_at, at, tuple(buffers))
