@@ -48,7 +48,7 @@ def render(estimate: memory.MemoryEstimate, header: str) -> str:
       f"overhead = {memory.OVERHEAD_FRACTION:.0%} of the other categories; "
       f"batch arguments {estimate.batch_bytes / GiB:.4f} GiB (in activations)",
       "", "largest contributors (per device):"]
-  for c in (*memory.CATEGORIES[:6], "host"):
+  for c in (*memory.CATEGORIES[:-2], "host"):
     for x in estimate.contributors.get(c, ()):
       shape = "x".join(map(str, x.shape)) or "-"
       lines.append(f"  {c:<11} {_gib(x.bytes)} GiB  {x.dtype:<8} [{shape}]  "

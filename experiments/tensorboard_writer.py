@@ -137,7 +137,8 @@ SWEEP_METRICS = {
 _CATEGORY_COLOURS = {
     "params": (31, 119, 180), "grads": (255, 127, 14), "optimizer": (44, 160, 44),
     "activations": (214, 39, 40), "logits": (148, 103, 189),
-    "temporaries": (140, 86, 75), "overhead": (127, 127, 127)}
+    "temporaries": (140, 86, 75), "param_casts": (227, 119, 194),
+    "overhead": (127, 127, 127)}
 
 
 def session_name(r: Mapping[str, Any]) -> str:

@@ -51,7 +51,8 @@ def render(result: dict, header: str) -> str:
     lines.append(f"{name:<16} {a / GiB:13.4f} {b / GiB:13.4f} {_pct(r):>10}")
   lines += ["", "symbolic: " + ", ".join(
       f"{k} {s[k] / GiB:.4f}" for k in ("params", "grads", "optimizer", "activations",
-                                        "logits", "temporaries", "overhead")) + " GiB",
+                                        "logits", "temporaries", "param_casts",
+                                        "overhead")) + " GiB",
             f"compiled: output {c['output_bytes'] / GiB:.4f}, alias "
             f"{c['alias_bytes'] / GiB:.4f}, generated code "
             f"{c['generated_code_bytes'] / GiB:.4f} GiB; peak from {c['peak_source']};"

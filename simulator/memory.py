@@ -8,11 +8,13 @@ Every figure is a traced shape times its NamedSharding's per-device shape
   optimizer    step.opt_state = jax.eval_shape(tx.init) of the real optax
                optimizer (moments, Adafactor factors, master copy, counters).
   activations  the residuals JAX saves for backward under the remat policy
-               (`saved_residuals` of the loss), scan-stacked ones with their
+               (`fused_residuals` of the loss), scan-stacked ones with their
                leading layers dim; plus the batch arguments (inputs, targets;
                also reported alone as `batch_bytes`). Residuals "from the
                argument ..." are params or batch, already counted, and skipped.
                Offloaded residuals (memory space host) go to `host_bytes`.
+               The final norm's f32 intermediates (after the layer scan) are
+               fused by XLA and left out.
   logits       the loss's live set in its backward, as XLA keeps it: one f32
                logits-shaped buffer (the loss's elementwise residuals, exp,
                the one-hot compare and the select, are functions of the
@@ -23,37 +25,47 @@ Every figure is a traced shape times its NamedSharding's per-device shape
                inputs plus one chunk's logits recomputed in the backward.
   temporaries  the transient of the worst (any: blocks are identical) layer's
                backward: its recomputed activations (one Block traced alone
-               with remat none, minus what the policy saved for it), its
-               weights gathered into the compute layout (unless saved), and
-               its weight gradients in the compute layout before the
-               reduce-scatter / all-reduce and f32 cast. One layer of
-               gathered weights, not two: XLA does prefetch the next layer's
-               gather, but as the current layer's weights die (at the peak of
-               llama2_7b on v5p-512 64x4 the live gathered weights add up to
-               93 MB against 101 MB for one layer; see README, "Does the
-               compiler agree?").
+               with remat none, only the residuals XLA keeps as buffers, see
+               simulator.trace.fused_residuals, minus what the policy saved
+               for it), its weights gathered into the compute layout (unless
+               saved; one layer's worth: XLA prefetches the next layer's
+               gather as the current layer's weights die), and one weight's
+               gradient in the compute layout before its reduce-scatter (XLA
+               makes and scatters them one at a time). Also the embedding
+               lookup's whole-table gradient, live only in the embedding's
+               backward.
+  param_casts  every layer's weight shards cast to the compute dtype, when
+               stored wider: XLA hoists the layer loop's cast out of the loop
+               and casts the whole stack once, live through the forward and
+               the layers' backward.
 
 The peak is liveness-aware, not a sum of the categories. Arguments (params +
 optimizer + batch + their TPU tile padding, `tile_padding_bytes`; see
 `tpu_tiled_bytes`, off TPU none) are live throughout. On top, the step's
 transient live set is the largest of its phases (`phase_bytes`):
 
-  loss             residuals (activations - batch) + logits: every layer's
-                   residuals are still saved while the loss runs forward and
-                   backward; no layer gradient exists yet.
-  layers_backward  residuals + grads + temporaries, less the residuals saved
-                   only for what runs after the layer scan (final norm,
-                   output projection, loss: `top_only`, freed once their
-                   backward is done, before the layers'): at the last layer's
-                   backward (the first one run) every layer's residuals are
-                   live, the scan's stacked gradient buffer is allocated
-                   whole, and one layer's transient is on top.
+  loss             residuals (activations - batch) + param_casts + logits:
+                   every layer's residuals are still saved while the loss
+                   runs forward and backward; no layer gradient exists yet.
+  layers_backward  residuals + grads + temporaries + param_casts, less the
+                   residuals saved only for what runs after the layer scan
+                   (final norm, output projection, loss: `top_only`, freed
+                   once their backward is done, before the layers'): at the
+                   last layer's backward (the first one run) every layer's
+                   residuals are live, the scan's stacked gradient buffer is
+                   allocated whole, and one layer's transient is on top.
+  embedding_backward  grads + the lookup's table gradient.
+  On a 1-D mesh XLA makes the output projection's weight gradient after the
+  layers' backward (`defers_output_grad`): it moves from the loss phase to
+  embedding_backward, and the f32 logits buffer it is made from is live in
+  layers_backward and embedding_backward too.
   (the optimizer update holds grads plus fused elementwise temporaries, below
   layers_backward.)
 
   compiled_comparable_peak = arguments + max(phases): what XLA's
                memory_analysis peak (its heap simulation of the schedule)
-               measures; simulator.compiled.compare compares this figure.
+               measures; simulator.compiled.compare compares this figure, and
+               simulator.xla_peak lists the buffers behind XLA's.
   overhead     OVERHEAD_FRACTION of compiled_comparable_peak: runtime and
                allocator fragmentation, which XLA's static figure does not
                contain; kept as its own category for planning only.
@@ -199,7 +211,7 @@ def _leaves_with_names(tree, prefix: str) -> list[tuple[str, Any]]:
 
 
 # --------------------------------------------------------------------------
-# Tracing what scales with the batch (run at B and 2B).
+# One layer and one loss chunk traced alone; TPU tile padding.
 # --------------------------------------------------------------------------
 
 
@@ -706,7 +718,8 @@ def to_json(estimate: MemoryEstimate) -> dict:
 
   {"schema_version": 1,
    "per_device_bytes": {"params", "grads", "optimizer", "activations",
-                        "logits", "temporaries", "overhead", "peak"},
+                        "logits", "temporaries", "param_casts", "overhead",
+                        "peak"},
    "host_bytes": int, "hbm_bytes": int, "headroom_bytes": int,
    "fits": bool, "eta_mem": float, "batch": int, "batch_bytes": int,
    "overhead_fraction": float,

@@ -32,8 +32,7 @@ from simulator import memory, roofline
 from simulator.trace import trace_probe
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer")
-CATEGORIES = ("params", "grads", "optimizer", "activations", "logits",
-              "temporaries", "overhead")
+CATEGORIES = memory.CATEGORIES[:-1]  # per-record memory: all but the peak
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"params", "grads", "optimizer", "activations", "logits", "temporaries",
-        "overhead", "peak"}
+        "param_casts", "overhead", "peak"}
 
 
 def _run(*args):
