@@ -131,8 +131,9 @@ class Tensor:
   # Saved for the backward of what runs after the layer scan (final norm,
   # output projection, loss): used and freed before the layers' backward.
   top_only: bool = False
-  # "logits_buffer" (the loss's f32 logits) or "output_grad" (the output
-  # projection's weight gradient): the two `_phases` places in time.
+  # What `_phases` places in time: "logits_buffer" (the loss's f32 logits),
+  # "output_grad" (the output projection's weight gradient) or "lookup_grad"
+  # (the embedding lookup's table gradient).
   role: str = ""
 
   def bytes_at(self, scale_num: int, scale_den: int) -> int:
@@ -461,13 +462,14 @@ def _one_layer(traced: Traced) -> tuple[int, int]:
   """
   n_layers = traced.step.model.cfg.n_layers
   remat = traced.step.model.remat
-  recomputed = _layer_linear_bytes(traced, "none")
+  recomputed = 0  # remat none: every layer's buffers are saved, none redone
   if remat != "none":
-    recomputed -= _layer_linear_bytes(traced, remat)
+    recomputed = max(0, _layer_linear_bytes(traced, "none")
+                     - _layer_linear_bytes(traced, remat))
   kept_fixed, _ = _fixed_linear(
       _residual_tensor("", r) for r in _saved(traced.residuals)
       if _is_blocks_scan(r) and not _on_host(r.aval))
-  return max(0, recomputed) if remat != "none" else 0, kept_fixed // n_layers
+  return recomputed, kept_fixed // n_layers
 
 
 def _loss_live_set(residuals: list[Residual], logits_shape, prefix: str
@@ -592,7 +594,7 @@ def _param_cast_tensors(traced: Traced) -> list[Tensor]:
   model = step.model
   compute = jnp.dtype(model.dtype)
   out = []
-  for name, leaf in _leaves_with_names(step.params["blocks"], "blocks"):
+  for name, leaf in _leaves_with_names(step.params["blocks"], "blocks/"):
     if len(leaf.shape) <= 2 or jnp.dtype(leaf.dtype) == compute:
       continue  # norm scales and biases are used in f32 (models.layers.Norm)
     shape = device_shape(leaf)
