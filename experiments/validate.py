@@ -32,6 +32,7 @@ flags.DEFINE_integer("execute_steps", 0, "on --target=gpu, run this many steps o
 flags.DEFINE_string("dump_dir", None, "TPU: keep the compiler's dumps (optimized "
                     "module, buffer assignment, live ranges) in this directory")
 PEAK_LINES = 12  # buffers at XLA's peak shown in the text report
+VMEM_LINES = 4  # buffers XLA keeps in VMEM shown in the text report
 
 
 def _pct(x) -> str:
@@ -80,6 +81,13 @@ def render(result: dict, header: str) -> str:
     for b in c["peak_buffers"][:PEAK_LINES]:
       lines.append(f"  {b['bytes'] / 2**20:10.2f} {'A' if b['argument'] else ' '} "
                    f"{b['shape'][:44]:<44} {b['op_name'][-70:]}")
+  if c.get("vmem_bytes"):
+    lines.append(f"XLA's on-chip VMEM scratch (memory space 1, not HBM, not in "
+                 f"the peak): {c['vmem_bytes'] / 2**20:.2f} MiB; largest "
+                 f"buffers it keeps there, MiB:")
+    for b in c["vmem_buffers"][:VMEM_LINES]:
+      lines.append(f"  {b['bytes'] / 2**20:10.2f}   {b['shape'][:44]:<44} "
+                   f"{b['op_name'][-70:]}")
   if c.get("measured"):
     m = c["measured"]
     lines.append(f"measured on {m['device']}: peak_bytes_in_use "

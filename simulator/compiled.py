@@ -33,7 +33,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -44,6 +44,7 @@ from models.config import ModelConfig
 from simulator import hlo_collectives, xla_peak
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step, device_bytes, device_shape
+from simulator.trace import read_inputs
 
 Progress = Callable[[str], None]
 
@@ -92,11 +93,14 @@ def make_mesh(target: str, X: int, Y: int):
   return layout.device_mesh(layout.plan_mesh(topo, X, Y))
 
 
-def symbolic_argument_bytes(step: Step) -> dict[str, int]:
+def symbolic_argument_bytes(step: Step, reads: Sequence[bool]
+                            ) -> dict[str, int]:
   """Per-device bytes of params, optimizer state and batch, from the step's
-  ShapeDtypeStructs (`sharding.shard_shape`): what the compiled argument size is."""
+  ShapeDtypeStructs (`sharding.shard_shape`), leaving out the leaves the step
+  never reads (jit drops them): what the compiled argument size is."""
+  flags = iter(reads)
   def total(tree) -> int:
-    return sum(device_bytes(x) for x in jax.tree.leaves(tree))
+    return sum(device_bytes(x) for x in jax.tree.leaves(tree) if next(flags))
   out = {"params": total(step.params), "optimizer": total(step.opt_state),
          "batch": total(step.batch)}
   out["arguments"] = sum(out.values())
@@ -132,10 +136,8 @@ def layout_argument_bytes(c: "Compiled") -> int | None:
   args = jax.tree.leaves(c.step.args)
   if len(formats) != len(args):
     return None
-  total = 0
-  for a, f in zip(args, formats):
-    total += _padded_bytes(device_shape(a), a.dtype, f)
-  return total
+  return sum(_padded_bytes(device_shape(a), a.dtype, f)
+             for a, f, read in zip(args, formats, c.reads) if read)
 
 
 PEAK_BUFFERS = 16  # buffers at XLA's peak kept in the JSON report
@@ -193,6 +195,7 @@ class Compiled:
   mesh: Any
   compiled: Any  # jax.stages.Compiled
   seconds: float
+  reads: tuple[bool, ...]  # per argument leaf: read by the step (else dropped)
   hlo_text: str = ""  # the optimized HLO module ("" if it could not be had)
   xla_peak: xla_peak.XlaPeak | None = None  # TPU: the buffers at the peak
 
@@ -211,7 +214,9 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   on_tpu = mesh.devices.flat[0].platform == "tpu"
   keep = contextlib.nullcontext(dump_dir) if dump_dir else None
   with jax.set_mesh(mesh), keep or tempfile.TemporaryDirectory() as dump:
-    lowered = jax.jit(step.fn, donate_argnums=(0, 1)).lower(*step.args)
+    traced = jax.jit(step.fn, donate_argnums=(0, 1)).trace(*step.args)
+    reads = tuple(read_inputs(traced.jaxpr))
+    lowered = traced.lower()
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
     # libtpu 0.0.52's Compiled.as_text() fails on some modules (async-update
     # RET_CHECK); the compiler's own dump of the optimized module does not.
@@ -222,7 +227,7 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     hlo_text = _optimized_hlo(compiled, dump)
     peak = xla_peak.read_peak(dump) if on_tpu else None
   say(f"{label}compiled in {seconds:.1f} s")
-  return Compiled(step, mesh, compiled, seconds, hlo_text, peak)
+  return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak)
 
 
 def _optimized_hlo(compiled, dump: str) -> str:
@@ -275,7 +280,7 @@ def report(c: Compiled, target: str) -> CompiledReport:
       host_bytes=host, peak_bytes=peak, peak_source=source, bound_bytes=bound,
       flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"),
       optimal_seconds=cost.get("optimal_seconds"),
-      symbolic_arguments=symbolic_argument_bytes(c.step),
+      symbolic_arguments=symbolic_argument_bytes(c.step, c.reads),
       layout_argument_bytes=layout_argument_bytes(c), collectives=colls,
       trip_counts_known=known, xla_peak=c.xla_peak)
 
@@ -403,7 +408,10 @@ def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
           "trip_counts_known": rep.trip_counts_known,
           "peak_instruction": rep.xla_peak.instruction if rep.xla_peak else None,
           "peak_live_bytes": rep.xla_peak.peak_bytes if rep.xla_peak else None,
-          "peak_buffers": rep.peak_buffers()}
+          "peak_buffers": rep.peak_buffers(),
+          "vmem_bytes": rep.xla_peak.vmem_bytes if rep.xla_peak else None,
+          "vmem_buffers": [dataclasses.asdict(b) for b in rep.xla_peak.vmem_buffers]
+          if rep.xla_peak else []}
   if rep.measured:
     comp["measured"] = rep.measured
   err = {"arguments": _rel(sym["arguments"], rep.argument_bytes),

@@ -88,6 +88,7 @@ retracing (`memory_report` does both).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any, Iterable
 
@@ -103,7 +104,8 @@ from models.remat import policy as remat_policy
 from simulator.batch_probe import carries_batch, require_probe, rescale
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes, device_shape
-from simulator.trace import Residual, Traced, fused_residuals, trace_probe
+from simulator.trace import (Residual, Traced, fused_residuals, read_inputs,
+                             trace_probe)
 
 # Runtime and fragmentation overhead as a fraction of the compiled-comparable
 # peak. Seed 001 gives 5-20% ("typically"), and its worked estimator uses 10%;
@@ -280,15 +282,18 @@ def _loss_chunk_residuals(traced: Traced) -> tuple[Residual, ...]:
 
 
 # TPU arrays are stored in tiles: the two minor dims of a rank >= 2 array in
-# (8, 128) tiles (second-minor 1, 2 or 4 when it is that small), rank-1 arrays
-# in 512-byte tiles (128 x 32-bit, 256 x 16-bit), a scalar in one 512-byte
-# tile. The compiler also picks which dims are minor (major_to_minor), to
+# (8, 128) tiles (second-minor 1, 2 or 4 when it is that small); a rank-1
+# array of n elements in tiles of n rounded up to a power of two, at least
+# 512 bytes and at most 1024 elements (f32[384]: T(512), f32[768] and
+# f32[50257]: T(1024), bf16[24]: T(256), read off the compiled layouts of
+# gpt2, llama and tiny steps); a scalar in one 512-byte tile. The compiler also picks which dims are minor (major_to_minor), to
 # waste least: e.g. a (50257, 192) f32 shard is stored with 50257 minor.
 # Checked leaf by leaf against the compiled input layouts (see
 # simulator.compiled.layout_argument_bytes): exact on gpt2 (f32, bf16 master),
 # tiny (f32, bf16) and llama2_7b shards on v5p.
 _TILE_MINOR, _TILE_SECOND = 128, 8
-_TILE_BYTES_1D = 512
+_TILE_BYTES_1D = 512  # the least rank-1 tile (and a scalar's)
+_TILE_MAX_1D = 1024  # elements
 
 
 def tpu_tiled_bytes(shape: tuple[int, ...], dtype) -> int:
@@ -298,7 +303,10 @@ def tpu_tiled_bytes(shape: tuple[int, ...], dtype) -> int:
   if len(shape) == 0:
     return _TILE_BYTES_1D
   if len(shape) == 1:
-    return up(shape[0] * itemsize, _TILE_BYTES_1D)
+    n = shape[0]
+    tile = min(max(1 << max(n - 1, 0).bit_length(), _TILE_BYTES_1D // itemsize),
+               _TILE_MAX_1D)
+    return up(n, tile) * itemsize
   best = None
   for i in range(len(shape)):  # i: the minor dim, j: the second-minor dim
     for j in range(len(shape)):
@@ -508,12 +516,20 @@ def _loss_live_set(residuals: list[Residual], logits_shape, prefix: str
 
 
 def _state_tensors(traced: Traced, tiled: bool = False) -> list[Tensor]:
+  """Params, grads and optimizer state; an argument the step never reads
+  (Adafactor's placeholder moments) is dropped by jit and left out."""
   step = traced.step
+  reads = iter(read_inputs(traced.jaxpr))
+  read = {"params": [next(reads) for _ in jax.tree.leaves(step.params)],
+          "optimizer": [next(reads) for _ in jax.tree.leaves(step.opt_state)]}
   out = []
   for category, tree, prefix in (("params", step.params, "params/"),
                                  ("grads", step.grads, "grads/"),
                                  ("optimizer", step.opt_state, "opt_state")):
-    for name, leaf in _leaves_with_names(tree, prefix):
+    is_read = read.get(category) or itertools.repeat(True)
+    for (name, leaf), kept in zip(_leaves_with_names(tree, prefix), is_read):
+      if not kept:
+        continue
       out.append(Tensor(category, name, device_shape(leaf),
                         str(leaf.dtype), device_bytes(leaf), 0))
       if category != "grads":  # arguments only

@@ -82,6 +82,26 @@ def _fusible(eqn) -> bool:
       _fusible(e) or e.primitive.name in _VIEW for e in inner.eqns)
 
 
+def read_inputs(jaxpr) -> list[bool]:
+  """Which inputs of `jaxpr` the program reads, as jit's dead-code pass sees
+  it: an input nothing live reads is dropped from the compiled arguments
+  (Adafactor's (1,) placeholder moments), so it takes no argument memory."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  read = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+  for eqn in reversed(jaxpr.eqns):
+    if not eqn.effects and not any(v in read for v in eqn.outvars):
+      continue  # dead: jit drops it
+    inner = _inner_jaxpr(eqn) if eqn.primitive.name in (
+        "jit", "pjit", "closed_call") else None
+    if inner is not None and len(inner.invars) == len(eqn.invars):
+      reads = read_inputs(inner)
+    else:  # other higher-order ops: assume every operand is read
+      reads = [True] * len(eqn.invars)
+    read.update(v for v, r in zip(eqn.invars, reads)
+                if r and isinstance(v, jcore.Var))
+  return [v in read for v in jaxpr.invars]
+
+
 def fused_residuals(fn, *args) -> tuple[Residual, ...]:
   """What the VJP of fn saves for its backward (as
   jax.ad_checkpoint.saved_residuals names them), each marked `fused` when XLA

@@ -12,7 +12,10 @@ Bytes in use at a position = per allocation, the union of the [offset,
 offset+size) ranges of its values live there (values aliasing one buffer, a
 while loop's tuple and its body's parameter, share offsets and count once).
 Thread-local and non-default memory-space ("color") allocations are not HBM
-and are left out. The maximum over the schedule reproduces
+and are left out; memory space 1 is the on-chip VMEM, where the compiler's
+memory-space assignment may keep whole buffers (on v5e the output layer's
+gathered weight and f32 gradient), so they never take HBM: `vmem_bytes` and
+`vmem_buffers` say what went there. The maximum over the schedule reproduces
 memory_analysis().peak_memory_in_bytes on TPU (checked: llama2_7b v5p-16 8x1,
 9,775,129,600 B both ways), so the buffers live there are what the peak is.
 """
@@ -47,6 +50,8 @@ class XlaPeak:
   position: int  # in the schedule
   instruction: str  # scheduled there
   buffers: tuple[LiveBuffer, ...]  # largest first
+  vmem_bytes: int = 0  # the on-chip VMEM scratch allocation (memory space 1)
+  vmem_buffers: tuple[LiveBuffer, ...] = ()  # the largest placed there
 
 
 def _files(dump_dir: str) -> tuple[str, str, str] | None:
@@ -73,25 +78,46 @@ def _op_names(hlo_path: str) -> dict[str, str]:
   return out
 
 
-def _values(assignment_path: str
-            ) -> dict[str, tuple[int, int, int, bool, str]]:
-  """value -> (allocation, offset, size, is an entry parameter, shape), HBM
-  only."""
-  out, allocation = {}, None
+_VMEM = "color 1,"
+
+
+def _values(assignment_path: str) -> tuple[dict, dict, int]:
+  """HBM values, VMEM values (value -> (allocation, offset, size, is an entry
+  parameter, shape)) and the VMEM allocation's size."""
+  hbm, vmem, vmem_size = {}, {}, 0
+  into = None
   with open(assignment_path) as f:
     for line in f:
       m = _ALLOCATION.match(line)
       if m:
         header = m.group(3)
-        hbm = "color" not in header and "thread-local" not in header
-        allocation = (int(m.group(1)), " parameter " in header) if hbm else None
+        number, parameter = int(m.group(1)), " parameter " in header
+        if _VMEM in header:
+          into, vmem_size = vmem, vmem_size + int(m.group(2))
+        elif "color" in header or "thread-local" in header:
+          into = None
+        else:
+          into = hbm
         continue
       m = _VALUE.match(line)
-      if m and allocation is not None:
-        out[m.group(1) + (m.group(2) or "{}")] = (
-            allocation[0], int(m.group(4)), int(m.group(3)), allocation[1],
-            m.group(5))
-  return out
+      if m and into is not None:
+        into[m.group(1) + (m.group(2) or "{}")] = (
+            number, int(m.group(4)), int(m.group(3)), parameter, m.group(5))
+  return hbm, vmem, vmem_size
+
+
+def _buffers(keys, values: dict, op_names: dict[str, str]
+             ) -> tuple[LiveBuffer, ...]:
+  """One LiveBuffer per distinct (allocation, offset, size), largest first."""
+  buffers, seen = [], set()
+  for key in keys:
+    a, offset, size, argument, shape = values[key]
+    if (a, offset, size) in seen:  # aliases of one buffer: list it once
+      continue
+    seen.add((a, offset, size))
+    op = op_names.get(key.split("{")[0], "")
+    buffers.append(LiveBuffer(size, key, shape, op, argument))
+  return tuple(sorted(buffers, key=lambda b: (-b.bytes, b.value)))
 
 
 def _covered(intervals: list[tuple[int, int]]) -> int:
@@ -113,7 +139,7 @@ def read_peak(dump_dir: str) -> XlaPeak | None:
   if files is None:
     return None
   assignment_path, live_path, hlo_path = files
-  values = _values(assignment_path)
+  values, vmem, vmem_size = _values(assignment_path)
   with open(live_path) as f:
     text = f.read()
   schedule = [line.strip().split(":", 1)[1] for line in
@@ -145,14 +171,9 @@ def read_peak(dump_dir: str) -> XlaPeak | None:
         best, best_at, best_live = used, t, frozenset(live)
     live.difference_update(ends.get(t, ()))
   op_names = _op_names(hlo_path)
-  buffers, seen = [], set()
-  for key in best_live:
-    a, offset, size, argument, shape = values[key]
-    if (a, offset, size) in seen:  # aliases of one buffer: list it once
-      continue
-    seen.add((a, offset, size))
-    op = op_names.get(key.split("{")[0], "")
-    buffers.append(LiveBuffer(size, key, shape, op, argument))
-  buffers.sort(key=lambda b: (-b.bytes, b.value))
   at = schedule[best_at] if best_at < len(schedule) else ""
-  return XlaPeak(best, best_at, at, tuple(buffers))
+  return XlaPeak(best, best_at, at, _buffers(best_live, values, op_names),
+                 vmem_size, _buffers(vmem, vmem, op_names)[:VMEM_BUFFERS])
+
+
+VMEM_BUFFERS = 8  # the largest VMEM buffers kept

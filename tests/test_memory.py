@@ -302,6 +302,8 @@ def test_loss_keeps_one_f32_logits_buffer(tiny):
     ((), "int32", 512),  # a scalar fills one tile
     ((32,), "float32", 512), ((192,), "float32", 1024),  # 128 x 32-bit
     ((32,), "bfloat16", 512),  # 256 x 16-bit
+    ((384,), "float32", 2048), ((768,), "float32", 4096),  # T(512), T(1024)
+    ((50257,), "float32", 50 * 1024 * 4), ((1536,), "bfloat16", 2048 * 2),
     ((4, 512), "int32", 4 * 512 * 4),  # small second-minor tile
     ((12, 12, 64), "float32", 12 * 16 * 128 * 4),
     ((50257, 192), "float32", 192 * 50304 * 4),  # 50257 stored minor

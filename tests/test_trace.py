@@ -1,9 +1,12 @@
-"""simulator.trace.fused_residuals: which residuals XLA keeps as buffers."""
+"""simulator.trace: which residuals XLA keeps as buffers (fused_residuals),
+which arguments the step reads (read_inputs)."""
 
 import jax
 import jax.numpy as jnp
 
-from simulator.trace import fused_residuals
+import optax
+
+from simulator.trace import fused_residuals, read_inputs
 
 
 def _fused_by_shape(fn, *args) -> dict[tuple, list[bool]]:
@@ -40,3 +43,32 @@ def test_matmul_plus_bias_is_a_buffer_activation_of_it_is_not():
   flags = _fused_by_shape(f, x, w, b)[(8, 32)]
   assert flags[0] is False  # dot + bias (the dot output is not saved)
   assert flags[1:] and all(flags[1:])  # silu's internals
+
+
+def test_read_inputs_follows_jit_and_dead_code():
+  """An argument read only by a dead op, or passed to a jit that ignores it,
+  is not read; one returned as is, or read inside a jit, is."""
+  inner = jax.jit(lambda x, unused: x * 2)
+
+  def f(a, b, c, d, e):
+    _ = jnp.sin(d)  # dead
+    return a + inner(b, c), e
+
+  ones = jnp.ones(3)
+  got = read_inputs(jax.make_jaxpr(f)(ones, ones, ones, ones, ones))
+  assert got == [True, True, False, False, True]
+
+
+def test_read_inputs_adafactor_placeholders_unread():
+  """Adafactor keeps (1,) placeholders for the moments a parameter's shape
+  does not use; its update never reads them (jit drops them)."""
+  tx = optax.adafactor(1e-3)
+  params = {"w": jnp.ones((256, 128)), "b": jnp.ones(128)}
+  state = tx.init(params)
+  reads = read_inputs(jax.make_jaxpr(lambda g, s, p: tx.update(g, s, p))(
+      params, state, params))
+  leaves = jax.tree.leaves((params, state, params))
+  unread = [x.shape for x, r in zip(leaves, reads) if not r]
+  # w factored: v is a placeholder; b not: v_row and v_col are.
+  assert sorted(unread) == [(1,), (1,), (1,)], unread
+  assert all(r for x, r in zip(leaves, reads) if x.shape != (1,))
