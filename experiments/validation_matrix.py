@@ -150,7 +150,8 @@ def write(rows: list[dict], path: str, started: float) -> None:
            "|" + "---|" * 21]
   for i, r in enumerate(rows):
     c = r["config"]
-    pre = (f"| {i} | {c['model']} | {c['topology']} | {c['mesh']} | {c['batch']} | "
+    model = c["model"] + (" (toy)" if _is_toy(r) else "")
+    pre = (f"| {i} | {model} | {c['topology']} | {c['mesh']} | {c['batch']} | "
            f"{c['seq']} | {c['remat']} | {c['optimizer']} | ")
     if "relative_error" not in r:
       head.append(pre + f"FAILED: {r['error'][:120]} |" + " |" * 12)

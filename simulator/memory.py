@@ -56,9 +56,11 @@ transient live set is the largest of its phases (`phase_bytes`):
                    allocated whole, and one layer's transient is on top.
   embedding_backward  grads + the lookup's table gradient.
   On a 1-D mesh XLA makes the output projection's weight gradient after the
-  layers' backward (`defers_output_grad`): it moves from the loss phase to
-  embedding_backward, and the f32 logits buffer it is made from is live in
-  layers_backward and embedding_backward too.
+  layers' backward (`defers_output_grad`), and the f32 logits buffer it is
+  made from is live in layers_backward and embedding_backward too. Untied
+  embeddings: it comes once the lookup's table gradient is reduced, in a
+  last phase, output_projection_backward (grads + logits buffer + itself);
+  tied: it is summed with the lookup's gradient, in embedding_backward.
   (the optimizer update holds grads plus fused elementwise temporaries, below
   layers_backward.)
 
@@ -134,8 +136,9 @@ class Tensor:
   # output projection, loss): used and freed before the layers' backward.
   top_only: bool = False
   # What `_phases` places in time: "logits_buffer" (the loss's f32 logits),
-  # "output_grad" (the output projection's weight gradient) or "lookup_grad"
-  # (the embedding lookup's table gradient).
+  # "output_grad" (the output projection's weight gradient; with tied
+  # embeddings "tied_output_grad") or "lookup_grad" (the embedding lookup's
+  # table gradient).
   role: str = ""
 
   def bytes_at(self, scale_num: int, scale_den: int) -> int:
@@ -543,7 +546,9 @@ def _output_weight_grad(traced: Traced) -> list[Tensor]:
   The loss backward's x^T·d(logits) is a matmul with an f32 result (the
   transpose of the preferred_element_type=f32 einsum) over the gathered
   [embed, vocab] layout; it is live with the logits buffer until it is cast
-  and reduce-scattered into `grads`. Tied embeddings: the same shape.
+  and reduce-scattered into `grads`. Tied embeddings: the same shape, and
+  it is summed with the lookup's table gradient into the one table gradient
+  (role "tied_output_grad": the two are live together).
   """
   step, mesh = traced.step, _mesh_of(traced)
   model = step.model
@@ -553,7 +558,8 @@ def _output_weight_grad(traced: Traced) -> list[Tensor]:
            model.rules.spec("compute", ("embed", "vocab")))
   return [Tensor("logits", "output projection's weight gradient (f32, "
                  "compute layout)", device_shape(w), "float32",
-                 device_bytes(w), 0, role="output_grad")]
+                 device_bytes(w), 0, role="tied_output_grad"
+                 if model.cfg.tie_embeddings else "output_grad")]
 
 
 def _temporary_tensors(traced: Traced) -> list[Tensor]:
@@ -625,11 +631,13 @@ def defers_output_grad(plan: MeshPlan) -> bool:
   layers' backward rather than right after the loss.
 
   Read off the compiled schedules (simulator.xla_peak live ranges of the
-  logits buffer against the backward layer loop) of ten configs: deferred on
-  every 1-D mesh (llama2_7b 8x1, 64x1; gpt2 16x1, 1x4), not on any 2-D one
-  (llama2_7b 16x4, 64x4, 32x8; gpt2 8x4). Why is the TPU scheduler's; this is
-  what it does, not a memory-minimizing choice we could derive (on 64x1 the
-  other order would peak lower).
+  logits buffer and the output projection's gradient against the backward
+  layer loop) of sixteen configs: deferred on every 1-D mesh (llama2_7b 8x1,
+  64x1; llama3_8b 16x1; gpt2 16x1, 1x4), not on 2-D ones (llama2_7b 4x2,
+  16x2, 16x4, 64x4, 32x8; llama3_8b 8x4; gpt2 2x2, 4x2, 8x4) with one
+  exception, llama3_8b 32x2 (deferred; validation matrix #22, +8.0%). Why
+  is the TPU scheduler's; this is what it does, not a memory-minimizing
+  choice we could derive (on 64x1 the other order would peak lower).
   """
   return plan.X == 1 or plan.Y == 1
 
@@ -657,7 +665,10 @@ def _phases(totals: dict[str, int], residuals: int, top_only: int,
             by_role: dict[str, int], deferred: bool) -> dict[str, int]:
   """The transient live set of each phase (see the module doc); `deferred`:
   the output projection's weight gradient is made after the layers'
-  backward, so the f32 logits buffer it is made from lives through it."""
+  backward, so the f32 logits buffer it is made from lives through it; with
+  untied embeddings it comes after the lookup's table gradient is reduced
+  (the two never live together: llama3_8b v5p-32 16x1), tied ones are
+  summed into one table gradient (gpt2)."""
   casts = totals["param_casts"]
   lookup = by_role.get("lookup_grad", 0)
   layers = (residuals - top_only + totals["grads"] + totals["temporaries"]
@@ -667,9 +678,14 @@ def _phases(totals: dict[str, int], residuals: int, top_only: int,
   buffer = by_role.get("logits_buffer", 0)
   if not buffer or not deferred:  # chunked loss: made in the chunk loop
     return {"loss": loss, "layers_backward": layers, "embedding_backward": end}
+  tied = by_role.get("tied_output_grad", 0)
+  if tied:  # one table gradient, the sum of both
+    return {"loss": loss - tied, "layers_backward": layers + buffer,
+            "embedding_backward": end + buffer + tied}
   grad = by_role.get("output_grad", 0)
   return {"loss": loss - grad, "layers_backward": layers + buffer,
-          "embedding_backward": end + buffer + grad}
+          "embedding_backward": end + buffer,
+          "output_projection_backward": totals["grads"] + buffer + grad}
 
 
 def _assemble(tensors: tuple[Tensor, ...], batch: int, traced_batch: int,

@@ -8,6 +8,7 @@ Byte splits JAX actually has (optax on our precision policies):
 plus optax's int32 step counts (4 bytes each), which the closed forms omit.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -264,10 +265,11 @@ def test_liveness_peak_phases(tiny):
       layers = (residuals - top_bytes + b["grads"] + b["temporaries"]
                 - lookup + casts)
       end = b["grads"] + lookup
-      if deferred:
+      if deferred:  # untied: the output projection's gradient comes last
         expect = {"loss": residuals + casts + b["logits"] - grad,
                   "layers_backward": layers + buffer,
-                  "embedding_backward": end + buffer + grad}
+                  "embedding_backward": end + buffer,
+                  "output_projection_backward": b["grads"] + buffer + grad}
       else:
         expect = {"loss": residuals + casts + b["logits"],
                   "layers_backward": layers,
@@ -280,6 +282,23 @@ def test_liveness_peak_phases(tiny):
       again = e.at_batch(16)
       assert again.compiled_comparable_peak == _estimate(
           tiny, plan, batch=16, seq=128, remat=remat).compiled_comparable_peak
+
+
+def test_tied_embeddings_sum_both_table_gradients(tiny):
+  """Tied embeddings: the output projection's gradient and the lookup's are
+  summed into one table gradient, so on a deferring (1-D) mesh they are live
+  together at the end; there is no separate output-projection phase."""
+  tied = dataclasses.replace(tiny, tie_embeddings=True)
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  e = _estimate(tied, plan, batch=8, seq=128)
+  at_8 = lambda r: sum(t.bytes_at(8, e.traced_batch) for t in e.tensors
+                       if t.role == r)
+  grad, lookup = at_8("tied_output_grad"), at_8("lookup_grad")
+  assert grad and lookup and not at_8("output_grad")
+  assert set(e.phase_bytes) == {"loss", "layers_backward",
+                                "embedding_backward"}
+  assert e.phase_bytes["embedding_backward"] == (
+      e.per_device_bytes["grads"] + lookup + at_8("logits_buffer") + grad)
 
 
 def test_loss_keeps_one_f32_logits_buffer(tiny):
