@@ -62,15 +62,23 @@ def test_shape_bytes():
 
 
 def test_tpu_v5p_compile_arguments_exact():
+  """Adafactor on tiny: small rank-1 tiles and (1,) placeholder moments the
+  step never reads (jit drops them) must both come out right."""
+  from meshes.layout import plan_mesh
+  from meshes.topology import parse_topology
   from models.presets import PRESETS
-  from simulator import compiled
+  from simulator import compiled, memory
   from simulator.settings import TrainSettings
-  settings = TrainSettings(batch=8, seq=128, remat="full")
+  settings = TrainSettings(batch=8, seq=128, remat="full",
+                           optimizer="adafactor")
   rep = compiled.compile_report(PRESETS["tiny"], settings, "v5p-8", 2, 2,
                                 progress=None)
   # Tiled layouts included, the step's shardings give the compiled argument bytes.
   assert rep.layout_argument_bytes == rep.argument_bytes
   assert rep.symbolic_arguments["arguments"] <= rep.argument_bytes
+  est = memory.memory_report(PRESETS["tiny"], settings,
+                             plan_mesh(parse_topology("v5p-8"), 2, 2))
+  assert est.arguments_bytes == rep.argument_bytes  # the tile rule, to the byte
   assert rep.peak_source == "peak_memory_in_bytes"
   assert 0 < rep.peak_bytes <= rep.bound_bytes
   assert rep.flops and rep.flops > 0
