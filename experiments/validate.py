@@ -5,7 +5,8 @@
 
 The step is compiled for --topology through libtpu (no TPU needed), or with
 --target=cpu on CPU fake devices (X*Y of them), or --target=gpu on local GPUs
-(--execute_steps N then also runs N steps and reads device.memory_stats()).
+(--execute_steps N then also runs N steps and reads device.memory_stats();
+on cpu it runs them too, which checks the step executes).
 Rows: arguments (params + optimizer + batch, TPU tile padding included), temp
 (the compiled-comparable peak minus the arguments), peak (the live set at the
 step's worst phase, without the planning overhead; see simulator/memory.py);
@@ -27,8 +28,9 @@ cli.define_model_flags()
 cli.define_train_flags()
 flags.DEFINE_string("target", None, "compile for: the --topology (default, TPU via "
                     "libtpu), cpu (fake CPU devices) or gpu (local GPUs)")
-flags.DEFINE_integer("execute_steps", 0, "on --target=gpu, run this many steps on "
-                     "random data and read device.memory_stats() peak")
+flags.DEFINE_integer("execute_steps", 0, "on --target=gpu (or cpu), run this "
+                     "many steps on random data and read device.memory_stats() "
+                     "peak (GPU; the CPU keeps none)")
 flags.DEFINE_string("dump_dir", None, "TPU: keep the compiler's dumps (optimized "
                     "module, buffer assignment, live ranges) in this directory")
 PEAK_LINES = 12  # buffers at XLA's peak shown in the text report
@@ -90,9 +92,13 @@ def render(result: dict, header: str) -> str:
                    f"{b['op_name'][-70:]}")
   if c.get("measured"):
     m = c["measured"]
-    lines.append(f"measured on {m['device']}: peak_bytes_in_use "
-                 f"{(m['peak_bytes_in_use'] or 0) / GiB:.4f} GiB after "
-                 f"{m['steps']} steps (compiled peak {c['peak_bytes'] / GiB:.4f} GiB)")
+    peak = ("n/a (no memory_stats on this backend)"
+            if m["peak_bytes_in_use"] is None
+            else f"{m['peak_bytes_in_use'] / GiB:.4f} GiB")
+    losses = ", ".join(f"{x:.4f}" for x in m["losses"])
+    lines.append(f"measured on {m['device']}: {m['steps']} steps run (losses "
+                 f"{losses}); peak_bytes_in_use {peak} (compiled peak "
+                 f"{c['peak_bytes'] / GiB:.4f} GiB)")
   return "\n".join(lines)
 
 

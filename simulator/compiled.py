@@ -291,7 +291,9 @@ def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
                    ) -> CompiledReport:
   """Compiles for target (TPU topology name, "cpu" or "gpu") and reads the figures.
 
-  execute_steps > 0 on a GPU also runs that many steps (see `run_steps`);
+  execute_steps > 0 on a GPU (or CPU fake devices, where it checks that the
+  step runs; the CPU keeps no memory_stats) also runs that many steps (see
+  `run_steps`);
   dump_dir keeps the TPU compiler's dumps (module, buffer assignment, live
   ranges) there.
   """
@@ -301,14 +303,18 @@ def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
   c = compile_step(cfg, settings, make_mesh(target, X, Y), progress, label,
                    dump_dir)
   rep = report(c, target)
-  if execute_steps and target_kind(target) == "gpu":
+  if execute_steps and target_kind(target) in ("gpu", "cpu"):
     rep.measured = run_steps(c, execute_steps)
   return rep
 
 
-def random_args(step: Step, seed: int = 0) -> tuple:
-  """Concrete arguments matching step.args: small random floats, valid token ids."""
+def random_args(step: Step, mesh, seed: int = 0) -> tuple:
+  """Concrete arguments matching step.args on `mesh` (the optimizer state's
+  shardings name the abstract mesh it was traced under): small random
+  floats, valid token ids, zero optimizer state."""
   keys = iter(jax.random.split(jax.random.key(seed), 100000))
+  on_mesh = lambda x: jax.sharding.NamedSharding(mesh, getattr(
+      x.sharding, "spec", jax.sharding.PartitionSpec()))  # a scalar: None
 
   def make(x, vocab=None):
     if jnp_issubdtype(x.dtype, np.integer):
@@ -316,14 +322,14 @@ def random_args(step: Step, seed: int = 0) -> tuple:
       arr = jax.random.randint(next(keys), x.shape, 0, hi, dtype=x.dtype)
     else:
       arr = (0.02 * jax.random.normal(next(keys), x.shape, np.float32)).astype(x.dtype)
-    return jax.device_put(arr, x.sharding)
+    return jax.device_put(arr, on_mesh(x))
 
   vocab = step.model.cfg.vocab_size - step.vocab_padding if hasattr(
       step.model, "cfg") else 2
   params = jax.tree.map(make, step.params)
-  opt = jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype), x.sharding)
-                     if x.shape else jax.device_put(np.zeros((), x.dtype), x.sharding),
-                     step.opt_state)
+  opt = jax.tree.map(
+      lambda x: jax.device_put(np.zeros(x.shape, x.dtype), on_mesh(x)),
+      step.opt_state)
   batch = jax.tree.map(lambda x: make(x, vocab), step.batch)
   return params, opt, batch
 
@@ -339,7 +345,7 @@ def run_steps(c: Compiled, n: int = 3) -> dict[str, Any]:
   (random inputs included); `peak_bytes_in_use` is reported as is, with the
   arguments' bytes beside it.
   """
-  args = random_args(c.step)
+  args = random_args(c.step, c.mesh)
   losses = []
   params, opt, batch = args
   for _ in range(n):

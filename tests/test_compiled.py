@@ -2,6 +2,7 @@
 devices: argument bytes exact, peak within the targets, HLO collectives parsed
 and mapped to mesh axes."""
 
+import math
 import os
 import subprocess
 import sys
@@ -123,14 +124,16 @@ CPU_SCRIPT = textwrap.dedent("""\
     from meshes.layout import plan_mesh
     from meshes.topology import parse_topology
     s = TrainSettings(batch=8, seq=128, remat="full")
-    rep = compiled.compile_report(PRESETS["tiny"], s, "cpu", 2, 2, progress=None)
+    rep = compiled.compile_report(PRESETS["tiny"], s, "cpu", 2, 2, progress=None,
+                                  execute_steps=2)
     est = memory.memory_report(PRESETS["tiny"], s, plan_mesh(parse_topology("v5p-8"), 2, 2))
     out = compiled.compare(est, rep)
     print("RESULT" + json.dumps({"arg": rep.argument_bytes,
         "step_arg": rep.symbolic_arguments["arguments"],
         "sym_arg": out["symbolic"]["arguments"], "err": out["relative_error"],
         "source": rep.peak_source, "bound": rep.bound_bytes,
-        "sym_peak": out["symbolic"]["peak_no_overhead"]}))
+        "sym_peak": out["symbolic"]["peak_no_overhead"],
+        "measured": rep.measured}))
     """)
 
 
@@ -149,3 +152,9 @@ def test_cpu_fake_devices_arguments_exact():
   # bound on any live set, which the symbolic peak must stay under.
   assert r["source"] == "argument+output-alias+temp"
   assert 0 < r["sym_peak"] <= r["bound"]
+  # The compiled step runs on random data (the path --execute_steps takes
+  # on a GPU): two steps, the loss near ln(vocab) and going down.
+  m = r["measured"]
+  assert m["steps"] == 2 and m["device"].startswith("cpu")
+  assert abs(m["losses"][0] - math.log(256)) < 0.1
+  assert m["losses"][1] < m["losses"][0]
