@@ -37,6 +37,12 @@ PEAK_LINES = 12  # buffers at XLA's peak shown in the text report
 VMEM_LINES = 4  # buffers XLA keeps in VMEM shown in the text report
 
 
+def _buffer_line(b: dict) -> str:
+  """One xla_peak.LiveBuffer (as JSON): MiB, A for an argument, shape, op."""
+  return (f"  {b['bytes'] / 2**20:10.2f} {'A' if b['argument'] else ' '} "
+          f"{b['shape'][:44]:<44} {b['op_name'][-70:]}")
+
+
 def _pct(x) -> str:
   return "    n/a" if x is None else f"{100 * x:+6.2f}%"
 
@@ -80,16 +86,12 @@ def render(result: dict, header: str) -> str:
                  f"{c['peak_live_bytes'] / GiB:.4f} GiB from the dumped buffer "
                  f"assignment and live ranges), largest buffers, MiB "
                  f"(A: argument):")
-    for b in c["peak_buffers"][:PEAK_LINES]:
-      lines.append(f"  {b['bytes'] / 2**20:10.2f} {'A' if b['argument'] else ' '} "
-                   f"{b['shape'][:44]:<44} {b['op_name'][-70:]}")
+    lines += [_buffer_line(b) for b in c["peak_buffers"][:PEAK_LINES]]
   if c.get("vmem_bytes"):
     lines.append(f"XLA's on-chip VMEM scratch (memory space 1, not HBM, not in "
                  f"the peak): {c['vmem_bytes'] / 2**20:.2f} MiB; largest "
                  f"buffers it keeps there, MiB:")
-    for b in c["vmem_buffers"][:VMEM_LINES]:
-      lines.append(f"  {b['bytes'] / 2**20:10.2f}   {b['shape'][:44]:<44} "
-                   f"{b['op_name'][-70:]}")
+    lines += [_buffer_line(b) for b in c["vmem_buffers"][:VMEM_LINES]]
   if c.get("measured"):
     m = c["measured"]
     peak = ("n/a (no memory_stats on this backend)"
