@@ -522,15 +522,16 @@ def _state_tensors(traced: Traced, tiled: bool = False) -> list[Tensor]:
   """Params, grads and optimizer state; an argument the step never reads
   (Adafactor's placeholder moments) is dropped by jit and left out."""
   step = traced.step
-  reads = iter(read_inputs(traced.jaxpr))
-  read = {"params": [next(reads) for _ in jax.tree.leaves(step.params)],
-          "optimizer": [next(reads) for _ in jax.tree.leaves(step.opt_state)]}
+  reads = read_inputs(traced.jaxpr)  # params, opt_state, batch leaves in order
+  n_params = len(jax.tree.leaves(step.params))
+  read = {"params": reads[:n_params], "grads": itertools.repeat(True),
+          "optimizer": reads[n_params:]}
   out = []
   for category, tree, prefix in (("params", step.params, "params/"),
                                  ("grads", step.grads, "grads/"),
                                  ("optimizer", step.opt_state, "opt_state")):
-    is_read = read.get(category) or itertools.repeat(True)
-    for (name, leaf), kept in zip(_leaves_with_names(tree, prefix), is_read):
+    for (name, leaf), kept in zip(_leaves_with_names(tree, prefix),
+                                  read[category]):
       if not kept:
         continue
       out.append(Tensor(category, name, device_shape(leaf),
