@@ -11,6 +11,7 @@ from absl import flags
 
 from experiments import cli
 from experiments.units import gib
+from simulator.step import kv_heads_note
 
 cli.define_model_flags()
 flags.DEFINE_enum("shard", "zero3", ["dp", "zero1", "zero2", "zero3"],
@@ -37,6 +38,8 @@ def main(argv):
   print(plan.describe())
   if info["vocab_padding"]:
     print(f"vocabulary padded by {info['vocab_padding']} rows so Y divides it")
+  if info["kv_heads_replicated"]:
+    print(kv_heads_note(cfg, plan.Y))
   for dtype, n in info["bytes_by_dtype"].items():
     print(f"  {dtype}: {n:,} bytes ({gib(n):.3f} GiB) in total")
   rows = [("parameter", "shape", "logical axes", "PartitionSpec",

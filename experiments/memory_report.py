@@ -18,6 +18,7 @@ from absl import flags
 from experiments import cli
 from meshes.hardware import GiB
 from simulator import memory
+from simulator.step import kv_heads_note, kv_heads_replicated
 
 FLAGS = flags.FLAGS
 cli.define_model_flags()
@@ -61,10 +62,14 @@ def main(argv):
   cfg, plan = cli.model_and_plan()
   settings = cli.train_settings()
   estimate = memory.memory_report(cfg, settings, plan)
+  replicated = kv_heads_replicated(cfg, plan.Y)
   if FLAGS.format == "json":
-    print(json.dumps(memory.to_json(estimate), indent=1))
+    print(json.dumps({**memory.to_json(estimate),
+                      "kv_heads_replicated": replicated}, indent=1))
   else:
     header = f"{cli.settings_line(cfg.name, settings)}\n{plan.describe()}"
+    if replicated:
+      header += "\n" + kv_heads_note(cfg, plan.Y)
     print(render(estimate, header))
 
 

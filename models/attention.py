@@ -31,6 +31,16 @@ def materialized(q, k, v):
   return jnp.einsum("bkgst,btkh->bskgh", p_BxKxGxSxT, v)
 
 
+def _layout_of(x):
+  """x's layout under a mesh (None without one). A kv-head gradient sums
+  over the query groups, which a mesh axis may shard while the kv heads are
+  replicated (simulator.step.kv_heads_replicated): the sum is laid out (all-
+  reduced) like the kv heads themselves."""
+  if jax.sharding.get_abstract_mesh().empty:
+    return None
+  return jax.typeof(x).sharding.spec
+
+
 def _blocks(x, block):
   """[B, T, ...] → [T/block, B, block, ...] so lax.scan walks key blocks."""
   b, t = x.shape[:2]
@@ -76,19 +86,21 @@ def _backward(block, res, d_out):
     k_blk, v_blk, start = kv
     p = jnp.exp(_scores(q, k_blk, q_pos, start + jnp.arange(block))
                 - lse[..., None])
-    dv = jnp.einsum("bkgst,bskgh->btkh", p.astype(d_out.dtype), d_out)
+    dv = jnp.einsum("bkgst,bskgh->btkh", p.astype(d_out.dtype), d_out,
+                    out_sharding=_layout_of(v_blk))
     dp = jnp.einsum("bskgh,btkh->bkgst", d_out, v_blk,
                     preferred_element_type=jnp.float32)
     ds = (p * (dp - delta[..., None]) / jnp.sqrt(q.shape[-1])).astype(q.dtype)
     dq = dq + jnp.einsum("bkgst,btkh->bskgh", ds, k_blk,
                          preferred_element_type=jnp.float32)
-    dk = jnp.einsum("bkgst,bskgh->btkh", ds, q)
+    dk = jnp.einsum("bkgst,bskgh->btkh", ds, q, out_sharding=_layout_of(k_blk))
     return dq, (dk, dv)
 
   starts = jnp.arange(0, s, block)
   dq, (dk, dv) = jax.lax.scan(step, jnp.zeros_like(q, jnp.float32),
                               (_blocks(k, block), _blocks(v, block), starts))
-  unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(k.shape)
+  unblock = lambda x: jnp.reshape(jnp.moveaxis(x, 0, 1), k.shape,
+                                  out_sharding=_layout_of(k))
   return dq.astype(q.dtype), unblock(dk), unblock(dv)
 
 

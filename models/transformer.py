@@ -1,7 +1,9 @@
 """Decoder-only LM (and the attention-free XXL stack) with blocks under nn.scan.
 
 The module returns the training loss, so the loss buffer (and its chunking) is
-part of the traced program like everything else.
+part of the traced program like everything else. The layer stack and the loss
+run under the named scopes of models.scopes, which is how the simulator finds
+them in the traced program.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from models import attention
+from models import attention, scopes
 from models.config import ModelConfig
 from models.layers import Dense, Mlp, Norm, activation, weight
 from models.remat import policy
@@ -30,6 +32,25 @@ def _rope(x_BxSxNxH: jax.Array, theta: float) -> jax.Array:
   x1, x2 = jnp.split(x_BxSxNxH.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BxSxNxH.dtype)
+
+
+def _reshape(x: jax.Array, shape, rules: AxisRules, names) -> jax.Array:
+  """x.reshape(shape), laid out by logical names under a mesh."""
+  if jax.sharding.get_abstract_mesh().empty:
+    return x.reshape(shape)
+  return jnp.reshape(x, shape, out_sharding=rules.spec("activations", names))
+
+
+def _group_heads(q_BxSxNxH: jax.Array, n_kv_heads: int,
+                 rules: AxisRules) -> jax.Array:
+  """q's heads split as (kv head, group). The mesh axis that shards the
+  heads lands on the kv-head dim when it shards the kv heads too, else on
+  the group dim (kv heads replicated: simulator.step.kv_heads_replicated)."""
+  b, s, n, h = q_BxSxNxH.shape
+  kv = dict(rules.activations).get("kv_heads")
+  names = ("batch", "length", "kv_heads", None if kv else "heads", "kv")
+  return _reshape(q_BxSxNxH, (b, s, n_kv_heads, n // n_kv_heads, h), rules,
+                  names)
 
 
 class Attention(nn.Module):
@@ -54,11 +75,10 @@ class Attention(nn.Module):
     if c.positions == "rope":
       q, k = _rope(q, c.rope_theta), _rope(k, c.rope_theta)
     q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
-    b, s = q.shape[:2]
-    groups = c.n_heads // c.n_kv_heads
-    q_BxSxKxGxH = q.reshape(b, s, c.n_kv_heads, groups, c.head_dim)
+    q_BxSxKxGxH = _group_heads(q, c.n_kv_heads, self.rules)
     o = attention.attend(self.impl, q_BxSxKxGxH, k, v)
-    o_BxSxNxH = checkpoint_name(o.reshape(q.shape), "attn_out")
+    o_BxSxNxH = checkpoint_name(_reshape(
+        o, q.shape, self.rules, ("batch", "length", "heads", "kv")), "attn_out")
     return Dense((c.n_heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
                  "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o",
                  **{**common, "bias_dims": 1})(o_BxSxNxH)
@@ -122,8 +142,9 @@ class Decoder(nn.Module):
     blocks = nn.scan(block, variable_axes={"params": 0},
                      split_rngs={"params": True}, length=c.n_layers,
                      metadata_params={nn.PARTITION_NAME: "layers"})
-    x, _ = blocks(c, self.rules, self.attention, self.dtype, self.param_dtype,
-                  name="blocks")(x, None)
+    with jax.named_scope(scopes.LAYERS):
+      x, _ = blocks(c, self.rules, self.attention, self.dtype,
+                    self.param_dtype, name="blocks")(x, None)
     if c.final_norm:
       x = Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                name="final_norm")(activation(x, GATHERED, self.rules))
@@ -137,7 +158,8 @@ class Decoder(nn.Module):
     else:
       w_DxV = weight(self, "output", (c.d_model, c.vocab_size),
                      ("embed", "vocab"), *args)
-    return _chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
+    with jax.named_scope(scopes.LOSS):
+      return _chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
 
   def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array) -> jax.Array:
     c = self.cfg

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import math
 import os
 import sys
@@ -217,6 +216,7 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     traced = jax.jit(step.fn, donate_argnums=(0, 1)).trace(*step.args)
     reads = tuple(read_inputs(traced.jaxpr))
     lowered = traced.lower()
+    module = module_name(lowered)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
     # libtpu 0.0.52's Compiled.as_text() fails on some modules (async-update
     # RET_CHECK); the compiler's own dump of the optimized module does not.
@@ -224,19 +224,26 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
         compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
                           "xla_dump_hlo_pass_re": "^$"} if on_tpu else None)
     seconds = time.perf_counter() - t0
-    hlo_text = _optimized_hlo(compiled, dump)
-    peak = xla_peak.read_peak(dump) if on_tpu else None
+    hlo_text = _optimized_hlo(compiled, dump, module)
+    peak = xla_peak.read_peak(dump, module) if on_tpu else None
   say(f"{label}compiled in {seconds:.1f} s")
   return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak)
 
 
-def _optimized_hlo(compiled, dump: str) -> str:
+def module_name(lowered) -> str:
+  """The lowered program's HLO module name ("jit_" + the function's name),
+  which the compiler's dump files carry."""
+  attr = lowered.compiler_ir("stablehlo").operation.attributes["sym_name"]
+  return str(attr).strip('"')
+
+
+def _optimized_hlo(compiled, dump: str, module: str) -> str:
   try:
     return compiled.as_text() or ""
   except Exception as e:  # noqa: BLE001 - fall back to the compiler's dump
-    files = glob.glob(os.path.join(dump, "*jit_step*after_optimizations.txt"))
-    if files:
-      with open(files[0]) as f:
+    path = xla_peak.dump_file(dump, module, ".after_optimizations.txt")
+    if path:
+      with open(path) as f:
         return f.read()
     _stderr(f"compiled HLO text unavailable, no collectives ({e})"[:300])
     return ""

@@ -11,17 +11,16 @@ import jax
 from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from models.params import abstract_params
-from models.rules import rules_for
 from simulator.settings import TrainSettings
-from simulator.step import (device_bytes, device_shape, lay_out_params,
-                            make_model, pad_vocab)
+from simulator.step import (device_bytes, device_shape, kv_heads_replicated,
+                            lay_out_params, make_model, pad_vocab, step_rules)
 
 
 def describe_params(cfg: ModelConfig, plan: MeshPlan,
                     settings: TrainSettings = TrainSettings()) -> dict[str, Any]:
   """What `experiments.describe` prints: counts, dtypes, layouts, bytes."""
   mesh = abstract_mesh(plan)
-  rules = rules_for(settings.shard == "zero3")
+  rules = step_rules(cfg, settings, mesh)[0]
   padded, padding = pad_vocab(cfg, rules, mesh)
   leaves, names = abstract_params(make_model(padded, settings, rules))
   laid = lay_out_params(leaves, names, rules, mesh)
@@ -47,6 +46,7 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
       "num_params": sum(math.prod(g["shape"]) for g in groups) - padding * (
           cfg.d_model * (1 if cfg.tie_embeddings else 2)),
       "vocab_padding": padding,
+      "kv_heads_replicated": kv_heads_replicated(cfg, plan.Y),
       "topology": {"name": topo.name, "chips": topo.chips,
                    "shape": list(topo.shape)},
       "mesh": {"X": plan.X, "Y": plan.Y, "M_X": plan.M_X, "M_Y": plan.M_Y,

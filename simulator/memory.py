@@ -100,7 +100,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from meshes.layout import MeshPlan, abstract_mesh
-from models import transformer
+from models import scopes, transformer
 from models.config import ModelConfig
 from models.remat import policy as remat_policy
 from simulator.batch_probe import carries_batch, require_probe, rescale
@@ -119,7 +119,6 @@ OVERHEAD_FRACTION = 0.10
 CATEGORIES = ("params", "grads", "optimizer", "activations", "logits",
               "temporaries", "param_casts", "overhead", "peak")
 TOP_CONTRIBUTORS = 5
-_LOSS_FUNCTIONS = ("(_loss)", "(_chunked_loss)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,22 +191,6 @@ class MemoryEstimate:
 def _on_host(aval) -> bool:
   space = getattr(aval, "memory_space", None)
   return space is not None and "host" in str(space).lower()
-
-
-def _short(source: str) -> str:
-  """'output of dot_general from /work/main/models/layers.py:84:8 (Dense...)'
-  → 'output of dot_general from models/layers.py:84 (Dense...)'."""
-  head, sep, rest = source.partition(" from ")
-  if not sep:
-    return source
-  path, _, fn = rest.partition(" ")
-  parts = path.split(":")
-  file = parts[0]
-  for root in ("models/", "simulator/"):
-    if root in file:
-      file = file[file.index(root):]
-  line = f":{parts[1]}" if len(parts) > 1 else ""
-  return f"{head} from {file}{line} {fn}".strip()
 
 
 def _leaves_with_names(tree, prefix: str) -> list[tuple[str, Any]]:
@@ -356,15 +339,29 @@ def _split(category: str, name: str, aval) -> Tensor:
 
 
 def _residual_tensor(category: str, r: Residual, prefix: str = "") -> Tensor:
-  return _split(category, prefix + _short(r.source), r.aval)
+  return _split(category, prefix + r.name, r.aval)
 
 
 def _saved(residuals: Iterable[Residual]) -> list[Residual]:
-  return [r for r in residuals if not r.source.startswith("from the argument")]
+  """Residuals that are not the function's own inputs (params and batch are
+  arguments, counted as such)."""
+  return [r for r in residuals if not r.argument]
 
 
 def _is_blocks_scan(r: Residual) -> bool:
-  return r.source.startswith("output of scan") and "Decoder.__call__" in r.source
+  """A stacked output of the layer stack: the scan the model runs under the
+  models.scopes.LAYERS named scope."""
+  return r.op == "scan" and r.under(scopes.LAYERS)
+
+
+def _require_layer_stack(saved: list[Residual]) -> None:
+  """The layer stack saves at least each layer's input for its backward; if
+  no residual comes from it, the model did not declare it (models.scopes)."""
+  if not any(_is_blocks_scan(r) for r in saved):
+    raise ValueError(
+        "the traced step has no layer stack: the memory model needs the "
+        f"model's layers under jax.named_scope({scopes.LAYERS!r}) as one scan "
+        "(see models.scopes)")
 
 
 def _layer_weight_tensors(traced: Traced) -> list[tuple[str, tuple, str, int]]:
@@ -395,10 +392,9 @@ def _batch_dependent(traced: Traced, tiled: bool = False) -> list[Tensor]:
   step, mesh = traced.step, _mesh_of(traced)
   model = step.model
   tensors: list[Tensor] = []
-  for name, leaf in _leaves_with_names(step.batch, "batch"):
+  for name, leaf in _leaves_with_names(step.batch, "batch/"):
     tensors.append(_split("activations", f"{name} (argument)", leaf))
     tensors.append(_padding_tensor(name, leaf, tiled, batch=True))
-  n_layers = model.cfg.n_layers
   logits_shape = None
   if model.cfg.embeddings:
     batch, seq = step.batch["inputs"].shape
@@ -408,20 +404,20 @@ def _batch_dependent(traced: Traced, tiled: bool = False) -> list[Tensor]:
     logits_shape = device_shape(dlogits)
   loss_residuals = []
   saved = _saved(traced.residuals)
+  _require_layer_stack(saved)
   scans = [i for i, r in enumerate(saved) if _is_blocks_scan(r)]
   after_layers = scans[-1] + 1 if scans else 0  # residuals are in forward order
   for i, r in enumerate(saved):
     if _on_host(r.aval):
       category = "host"
-    elif any(f in r.source for f in _LOSS_FUNCTIONS):
+    elif r.under(scopes.LOSS):
       loss_residuals.append(r)
       continue
     else:
       category = "activations"
     if r.fused and i >= after_layers:
       continue  # the final norm's f32 intermediates: fused into their users
-    prefix = f"blocks[{n_layers} layers] " if _is_blocks_scan(r) else ""
-    tensors.append(dataclasses.replace(_residual_tensor(category, r, prefix),
+    tensors.append(dataclasses.replace(_residual_tensor(category, r),
                                        top_only=i >= after_layers))
   tensors += _loss_live_set(loss_residuals, logits_shape, "")
   # Logits: with loss_chunks > 1, one chunk's residuals recomputed in the

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any
 
 import jax
 from jax.extend import core as jcore
+
+from models.scopes import scopes_of
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
           "reduce_precision", "squeeze", "expand_dims", "reshape", "neg",
@@ -92,10 +93,6 @@ class Program:
   collectives: list[Collective]
   dots: list[Dot]
   mesh_sizes: dict[str, int]
-
-
-def _strip(name_stack: str) -> str:
-  return re.sub(r"\w+\(|\)", "", name_stack)
 
 
 def _spec(aval, ndim: int) -> tuple[tuple[str, ...], ...]:
@@ -221,7 +218,7 @@ class _Walker:
         phase = "backward"
       elif "jvp(" in ns and phase == "optimizer":
         phase = "forward"
-      stripped = _strip(ns)
+      stripped = "/".join(scopes_of(ns))
       layer = ctx["layer"]
       if layer is None and ctx["depth"] > 0:
         layer = stripped.split("/")[0] or "scan"

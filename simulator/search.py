@@ -4,8 +4,8 @@ The expensive part of evaluating a config is tracing the step (~0.4 s for a 70B
 model); everything per batch size is arithmetic. So the step is traced once per
 (mesh, remat, shard, optimizer), at the probe batch (simulator.batch_probe), and
 each batch size rescales that one trace's memory estimate and timing fit. A
-ValueError raised while *building* the step (a param dimension that Y or X does
-not divide) cannot depend on remat, so it is cached per
+PlanError (raised while building the step: a dimension that Y or X does not
+divide) cannot depend on remat, so it is cached per
 (mesh, shard, optimizer) and the other remat policies fail without retracing.
 
 Estimates come through `_Estimator`, the one adapter onto simulator.memory and
@@ -19,7 +19,6 @@ import dataclasses
 import gc
 import math
 import time
-import traceback
 from typing import Any, Iterable, Iterator
 
 from meshes.hardware import GiB
@@ -29,6 +28,7 @@ from models.config import ModelConfig
 from models.registry import load_model
 from simulator.settings import TrainSettings
 from simulator import memory, roofline
+from simulator.step import PlanError
 from simulator.trace import trace_probe
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer")
@@ -155,10 +155,6 @@ def _gc_paused():
       gc.enable()
 
 
-def _raised_in_build(error: BaseException) -> bool:
-  return any(f.name == "build_step" for f in traceback.extract_tb(error.__traceback__))
-
-
 class Sweep:
   """Evaluates configs, tracing once per trace key; `evaluate` yields records."""
 
@@ -185,7 +181,7 @@ class Sweep:
             self._estimators[c.trace_key] = _Estimator(self.cfg, traced, plan,
                                                        settings)
         except ValueError as e:
-          if _raised_in_build(e):
+          if isinstance(e, PlanError):
             self._build_errors[build_key] = str(e)
           self._estimators[c.trace_key] = e
     return self._estimators[c.trace_key]

@@ -29,6 +29,12 @@ from simulator.settings import TrainSettings
 Tree = Any
 
 
+class PlanError(ValueError):
+  """The step cannot be laid out on this mesh (a mesh axis does not divide a
+  dimension it shards). Raised while building the step, so it depends on the
+  mesh, shard mode and optimizer, never on the remat policy."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
   """A train step and its abstract arguments (ShapeDtypeStructs with shardings).
@@ -93,7 +99,7 @@ def _sds(shape, dtype, mesh, spec) -> jax.ShapeDtypeStruct:
 def _check_divisible(path: str, shape, spec: P, mesh) -> None:
   for dim, axis in zip(shape, spec):
     if axis is not None and dim % mesh.shape[axis]:
-      raise ValueError(
+      raise PlanError(
           f"{path}: dimension {dim} is sharded over {axis}={mesh.shape[axis]},"
           f" which does not divide it; choose {axis} dividing {dim}")
 
@@ -113,6 +119,27 @@ def pad_vocab(cfg: ModelConfig, rules: AxisRules,
   return dataclasses.replace(cfg, vocab_size=cfg.vocab_size + padding), padding
 
 
+def kv_heads_replicated(cfg: ModelConfig, y: int) -> bool:
+  """Whether the kv heads are replicated over Y: when Y does not divide them
+  (an MQA model's one kv head, GQA's 8 under TP 16), each Y shard keeps every
+  kv head and its share of the query heads, as MaxText does."""
+  return cfg.attention and cfg.n_kv_heads % y != 0
+
+
+def kv_heads_note(cfg: ModelConfig, y: int) -> str:
+  """What a report says when `kv_heads_replicated`."""
+  return (f"kv heads replicated over Y={y}: Y does not divide the "
+          f"{cfg.n_kv_heads} kv head(s), so every Y shard holds all of them "
+          f"and {cfg.n_heads // y} of the {cfg.n_heads} query heads (as MaxText"
+          f" does); their gradients are all-reduced over Y")
+
+
+def _replicate_kv_heads(rules: AxisRules) -> AxisRules:
+  for table in ("params", "compute", "activations"):
+    rules = rules.replace(table, kv_heads=None)
+  return rules
+
+
 def lay_out_params(leaves: Tree, names: Tree, rules: AxisRules,
                    mesh) -> Tree:
   """ShapeDtypeStructs with the rules' stored (`params` table) shardings."""
@@ -127,13 +154,34 @@ def lay_out_params(leaves: Tree, names: Tree, rules: AxisRules,
   return jax.tree_util.tree_map_with_path(one, leaves, names)
 
 
+def step_rules(cfg: ModelConfig, settings: TrainSettings, mesh,
+               base_rules: AxisRules = FSDP_TP
+               ) -> tuple[AxisRules, AxisRules, AxisRules]:
+  """The rules for params, the optimizer's slice and grads on `mesh`: what X
+  shards per shard mode, and kv heads replicated where Y does not divide
+  them (`kv_heads_replicated`)."""
+  shard = settings.shard
+  tables = (rules_for(shard == "zero3", base_rules),
+            rules_for(shard != "dp", base_rules),
+            rules_for(shard in ("zero2", "zero3"), base_rules))
+  y = mesh.shape["Y"]
+  if not kv_heads_replicated(cfg, y):
+    return tables
+  groups = cfg.n_heads // cfg.n_kv_heads
+  if groups % y:
+    choices = (f"{cfg.n_kv_heads}" if groups == cfg.n_kv_heads else
+               f"{cfg.n_kv_heads} (kv heads sharded) or {groups} (kv heads "
+               f"replicated)")
+    raise PlanError(
+        f"Y={y} divides neither the {cfg.n_kv_heads} kv heads nor the "
+        f"{groups} query heads per kv head; choose Y dividing {choices}")
+  return tuple(map(_replicate_kv_heads, tables))
+
+
 def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                base_rules: AxisRules = FSDP_TP) -> Step:
   """Abstract arguments and the step function for `mesh` (abstract or real)."""
-  shard = settings.shard
-  rules = rules_for(shard == "zero3", base_rules)
-  opt_rules = rules_for(shard != "dp", base_rules)
-  grad_rules = rules_for(shard in ("zero2", "zero3"), base_rules)
+  rules, opt_rules, grad_rules = step_rules(cfg, settings, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = make_model(cfg, settings, rules)
   shapes = batch_shapes(cfg, settings, rules)

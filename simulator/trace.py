@@ -20,10 +20,8 @@ import dataclasses
 
 import jax
 from jax.extend import core as jcore
-# private, used only here: JAX's naming of a jaxpr's residuals (what
-# jax.ad_checkpoint.print_saved_residuals prints).
-from jax._src.ad_checkpoint import _saved_residuals as _residuals_of_jaxpr
 
+from models import scopes as model_scopes
 from models.config import ModelConfig
 from simulator.batch_probe import probe_settings
 from simulator.settings import TrainSettings
@@ -32,9 +30,17 @@ from simulator.step import Step, build_step
 
 @dataclasses.dataclass(frozen=True)
 class Residual:
+  """One value the backward pass keeps, found by the program's structure."""
+
   aval: jax.core.ShapedArray  # carries .sharding under an Explicit mesh
-  source: str  # JAX's description: "from the argument ...", "output of dot_general ..."
+  name: str  # what it is, for people: "blocks/attn: 'qkv', 32 layers"
   fused: bool = False  # see fused_residuals
+  argument: bool = False  # an input of the function (a param, the batch)
+  op: str = ""  # the primitive that made it ("scan", "dot_general", ...)
+  scopes: tuple[str, ...] = ()  # the named scopes it was made under
+
+  def under(self, scope: str) -> bool:
+    return scope in self.scopes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,10 +109,12 @@ def read_inputs(jaxpr) -> list[bool]:
 
 
 def fused_residuals(fn, *args) -> tuple[Residual, ...]:
-  """What the VJP of fn saves for its backward (as
-  jax.ad_checkpoint.saved_residuals names them), each marked `fused` when XLA
-  recomputes it inside the fusion that uses it rather than holding a buffer
-  (see the module doc)."""
+  """What the VJP of fn saves for its backward, in the order
+  jax.ad_checkpoint.saved_residuals lists them (literals, constants,
+  arguments, then equation outputs in program order), each named by the
+  program's structure (named scopes, checkpoint names, the equation that made
+  it) and marked `fused` when XLA recomputes it inside the fusion that uses it
+  rather than holding a buffer (see the module doc)."""
   leaves, tree = jax.tree.flatten(args)
 
   def flat(*leaves):
@@ -157,19 +165,74 @@ def fused_residuals(fn, *args) -> tuple[Residual, ...]:
         return True
     return False
 
-  named = _residuals_of_jaxpr(jaxpr, ("",) * len(jaxpr.invars))
-  # _residuals_of_jaxpr lists literals, constants, arguments, then equation
-  # outputs in order; only the last can be fused.
-  in_order = [v for e in jaxpr.eqns for v in e.outvars if v in res]
-  tail = len(named) - len(in_order)
-  out = []
-  for i, (aval, source) in enumerate(named):
-    fused = False
-    if i >= tail:
-      v = in_order[i - tail]
-      fused = not (made_as_buffer(v) or read_as_buffer(v))
-    out.append(Residual(aval, source, fused))
+  arg_names = [jax.tree_util.keystr(path, simple=True, separator="/")
+               for path, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+  out = [Residual(v.aval, "a literal") for v in jaxpr.outvars
+         if isinstance(v, jcore.Literal)]
+  out += [Residual(v.aval, "a constant") for v in jaxpr.constvars if v in res]
+  out += [Residual(v.aval, f"argument {name}", argument=True)
+          for v, name in zip(jaxpr.invars, arg_names) if v in res]
+  for eqn in jaxpr.eqns:  # in program (forward) order
+    for v in eqn.outvars:
+      if v in res:
+        scopes = model_scopes.scopes_of(eqn.source_info.name_stack)
+        out.append(Residual(
+            v.aval, _describe(eqn, v, scopes),
+            fused=not (made_as_buffer(v) or read_as_buffer(v)),
+            op=eqn.primitive.name, scopes=scopes))
   return tuple(out)
+
+
+def _what(eqn, producer=None) -> str:
+  """What an equation's output is, in a few words; `producer` (variable ->
+  equation) lets a host transfer name what it moves."""
+  name = eqn.primitive.name
+  if name == "name":  # jax.ad_checkpoint.checkpoint_name
+    return repr(eqn.params["name"])
+  if name in ("jit", "pjit"):
+    return f"{eqn.params['name']}()"
+  if name == "dot_general":
+    return "matmul output"
+  if name == "convert_element_type":
+    return f"cast to {jax.numpy.dtype(eqn.params['new_dtype'])}"
+  if name == "reshard":
+    before, after = (_spec(v.aval) for v in (eqn.invars[0], eqn.outvars[0]))
+    gathered = sum(a is not None for a in after) < sum(
+        b is not None for b in before)
+    return "gathered copy" if gathered else "resharded copy"
+  if name == "device_put" and producer is not None:
+    made = producer.get(eqn.invars[0])
+    return (f"{_what(made, producer)} (to host)" if made is not None
+            else "input (to host)")
+  return f"{name} output"
+
+
+def _describe(eqn, v, scopes: tuple[str, ...]) -> str:
+  """A residual's name: its scope path and what made it; for a scan's
+  stacked output, what the loop body made (or carried) and the trip count."""
+  where = "/".join(scopes)
+  if eqn.primitive.name != "scan":
+    return f"{where}: {_what(eqn)}" if where else _what(eqn)
+  body = _inner_jaxpr(eqn)
+  inner = body.outvars[eqn.outvars.index(v)]
+  length = eqn.params["length"]
+  count = (f"{length} layers" if model_scopes.LAYERS in scopes
+           else f"{length} iterations")
+  producer = {w: e for e in body.eqns for w in e.outvars}
+  made = producer.get(inner)
+  if made is not None:
+    origin = made  # a host transfer is named where its operand was made
+    while origin.primitive.name == "device_put" and origin.invars[0] in producer:
+      origin = producer[origin.invars[0]]
+    inner_where = "/".join(model_scopes.scopes_of(origin.source_info.name_stack))
+    return f"{inner_where or where}: {_what(made, producer)}, {count}"
+  n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+  i = body.invars.index(inner) if inner in body.invars else -1
+  role = ("loop constant" if 0 <= i < n_consts else
+          "layer input" if i < n_consts + n_carry and model_scopes.LAYERS
+          in scopes else "loop carry" if i < n_consts + n_carry
+          else "per-iteration input")
+  return f"{where}: {role}, {count}"
 
 
 def trace(cfg: ModelConfig, settings: TrainSettings, mesh,

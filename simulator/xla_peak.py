@@ -54,12 +54,20 @@ class XlaPeak:
   vmem_buffers: tuple[LiveBuffer, ...] = ()  # the largest placed there
 
 
-def _files(dump_dir: str) -> tuple[str, str, str] | None:
-  found = glob.glob(os.path.join(
-      dump_dir, "*jit_step*after_optimizations-buffer-assignment.txt"))
-  if not found:
+def dump_file(dump_dir: str, module: str, suffix: str) -> str | None:
+  """The newest file the compiler dumped for the HLO module named `module`
+  (the lowered program's own name, e.g. "jit_step"), ending in `suffix`;
+  files are named module_NNNN.<module>.<...>.<suffix>."""
+  found = glob.glob(os.path.join(dump_dir, f"module_*.{glob.escape(module)}.*"
+                                 f"{glob.escape(suffix)}"))
+  return max(found, key=os.path.getmtime) if found else None
+
+
+def _files(dump_dir: str, module: str) -> tuple[str, str, str] | None:
+  assignment = dump_file(dump_dir, module,
+                         ".after_optimizations-buffer-assignment.txt")
+  if assignment is None:
     return None
-  assignment = found[0]
   stem = assignment[:-len("-buffer-assignment.txt")]
   live, hlo = stem + "-live-range.txt", stem + ".txt"
   if not (os.path.exists(live) and os.path.exists(hlo)):
@@ -133,9 +141,10 @@ def _covered(intervals: list[tuple[int, int]]) -> int:
   return total + (end - start if end is not None else 0)
 
 
-def read_peak(dump_dir: str) -> XlaPeak | None:
-  """The live set at the compiled step's HBM peak, or None without dumps."""
-  files = _files(dump_dir)
+def read_peak(dump_dir: str, module: str) -> XlaPeak | None:
+  """The live set at the HBM peak of the compiled HLO module `module`, or
+  None without its dumps."""
+  files = _files(dump_dir, module)
   if files is None:
     return None
   assignment_path, live_path, hlo_path = files

@@ -48,7 +48,7 @@ def test_text_output_names_the_count_and_chips():
     (["--mesh=8x4"], "mesh 8x4 has 32 devices but v5p-128 has 64 chips"),
     (["--mesh=0x64"], "0x64"),
     (["--mesh=banana"], "banana"),
-    (["--model=tiny", "--mesh=1x64"], "sharded over Y=64"),
+    (["--model=tiny", "--mesh=1x64"], "Y=64 divides neither the 2 kv heads"),
     (["--model=/no/such/config.json"], "cannot read model config"),
     (["--shard=zero4"], "zero4"),
 ])

@@ -1,5 +1,7 @@
 """Exact layouts of params, grads and optimizer state for each ZeRO choice."""
 
+import dataclasses
+
 import jax
 import jax.extend
 import pytest
@@ -7,7 +9,7 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from models.presets import PRESETS
 from simulator.settings import TrainSettings
-from simulator.step import build_step
+from simulator.step import build_step, kv_heads_note, kv_heads_replicated
 from simulator.trace import trace
 
 MESH = AbstractMesh((4, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)
@@ -58,7 +60,7 @@ def test_gpt2_vocab_is_padded_for_tp():
 
 def test_indivisible_dims_are_rejected():
   mesh = AbstractMesh((2, 4), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)
-  with pytest.raises(ValueError, match="dimension 2 is sharded over Y=4"):
+  with pytest.raises(ValueError, match="Y=4 divides neither the 2 kv heads nor the 2 query heads"):
     build_step(TINY, TrainSettings(batch=8, seq=32), mesh)
   with pytest.raises(ValueError, match="dimension 6 is sharded over X=4"):
     build_step(TINY, TrainSettings(batch=6, seq=32), MESH)
@@ -68,7 +70,7 @@ def _residual_bytes(remat):
   t = trace(TINY, TrainSettings(batch=8, seq=32, remat=remat,
                                 attention="materialized"), MESH)
   return sum(r.aval.size for r in t.residuals
-             if not r.source.startswith("from the argument"))
+             if not r.argument)
 
 
 def test_remat_policy_changes_what_backward_keeps():
@@ -92,3 +94,27 @@ def test_zero3_gathers_weights_in_the_program():
   gathers = {s: _x_gathers(trace(TINY, TrainSettings(batch=8, seq=32, shard=s),
                                  MESH).jaxpr.jaxpr) for s in ("dp", "zero3")}
   assert gathers["dp"] == 0 < gathers["zero3"]
+
+
+@pytest.mark.parametrize("attention", ["flash", "materialized"])
+@pytest.mark.parametrize("kv_heads,mesh_shape", [(1, (4, 1)), (1, (2, 2)),
+                                                  (2, (1, 4))])
+def test_kv_heads_fewer_than_y_are_replicated(attention, kv_heads, mesh_shape):
+  """An MQA model (one kv head, as gemma-2b) traces on any Y dividing its
+  query heads: the kv projections are replicated over Y, the query heads
+  sharded, and the kv gradients summed over the query groups land in the kv
+  layout (an all-reduce over Y)."""
+  cfg = dataclasses.replace(TINY, n_heads=8, n_kv_heads=kv_heads)
+  mesh = AbstractMesh(mesh_shape, ("X", "Y"),
+                      axis_types=(AxisType.Explicit,) * 2)
+  y = mesh_shape[1]
+  assert kv_heads_replicated(cfg, y) == (kv_heads % y != 0)
+  settings = TrainSettings(batch=8, seq=128, attention=attention)
+  step = build_step(cfg, settings, mesh)
+  k_spec = step.params["blocks"]["attn"]["k"]["kernel"].sharding.spec
+  q_spec = step.params["blocks"]["attn"]["q"]["kernel"].sharding.spec
+  assert "Y" in tuple(q_spec) and ("Y" in tuple(k_spec)) == (kv_heads % y == 0)
+  traced = trace(cfg, settings, mesh)
+  assert traced.residuals
+  if kv_heads_replicated(cfg, y):
+    assert "kv heads replicated over Y=" in kv_heads_note(cfg, y)

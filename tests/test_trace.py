@@ -12,7 +12,7 @@ from simulator.trace import fused_residuals, read_inputs
 def _fused_by_shape(fn, *args) -> dict[tuple, list[bool]]:
   out: dict[tuple, list[bool]] = {}
   for r in fused_residuals(fn, *args):
-    if not r.source.startswith("from the argument"):
+    if not r.argument:
       out.setdefault(r.aval.shape, []).append(r.fused)
   return out
 

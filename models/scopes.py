@@ -1,0 +1,28 @@
+"""Named scopes a model puts around its parts, so the simulator finds them.
+
+The simulator reads the traced program's structure: each jaxpr equation
+carries the stack of named scopes it was traced under (`jax.named_scope`,
+and Flax's module names). A model wraps its layer stack and its loss in the
+scopes below; `simulator.trace` finds them there, never in source-file text,
+frame names or tracebacks (which change with where packages are installed).
+
+  LAYERS  the layer stack: one scan whose body is one layer and whose
+          per-layer parameters are stacked on the `layers` logical axis.
+  LOSS    the output projection's logits and the loss over them (a model
+          with an output layer; seed 004's XXL stack has none).
+"""
+
+from __future__ import annotations
+
+import re
+
+LAYERS = "layers"
+LOSS = "loss"
+
+_TRANSFORM = re.compile(r"\w+\(|\)")  # jvp(...), transpose(...), remat(...)
+
+
+def scopes_of(name_stack) -> tuple[str, ...]:
+  """The named scopes of a name stack, JAX's transformation wrappers removed:
+  'transpose(jvp(Decoder))/layers' -> ('Decoder', 'layers')."""
+  return tuple(p for p in _TRANSFORM.sub("", str(name_stack)).split("/") if p)
