@@ -15,18 +15,18 @@ leaves its rows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
 import time
-import traceback
 
 from absl import flags
 
 from experiments import cli
+from experiments.validation_corpus import CASES, PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
-from simulator.settings import TrainSettings
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "experiments/validation.md", "results table (markdown)")
@@ -34,46 +34,6 @@ flags.DEFINE_string("jsonl", None, "also append each result as a JSON line here"
 flags.DEFINE_string("only", None, "comma-separated config indices to run")
 flags.DEFINE_string("from_jsonl", None, "write the table from these results "
                     "(a --jsonl of an earlier run) instead of compiling")
-# (model, topology, mesh, batch, seq, remat, optimizer); fast ones first. The
-# targets (arguments exact; peak within 5% median, 10% worst) are over these.
-MATRIX = [
-    ("gpt2", "v5p-8", "4x1", 16, 512, "full", "adamw"),
-    ("gpt2", "v5p-8", "2x2", 16, 512, "none", "adamw"),
-    ("gpt2", "v5p-8", "1x4", 8, 512, "dots", "adafactor"),
-    ("gpt2", "v5p-16", "8x1", 32, 512, "full", "adafactor"),
-    ("gpt2", "v5p-16", "4x2", 16, 512, "dots", "adamw"),
-    ("gpt2", "v5p-16", "2x4", 8, 512, "none", "adafactor"),
-    ("gpt2", "v5p-32", "16x1", 32, 512, "names:attn_out,mlp_in", "adamw"),
-    ("gpt2", "v5p-32", "4x4", 16, 512, "full", "adafactor"),
-    ("gpt2", "v5p-64", "32x1", 32, 512, "full", "adamw"),
-    ("gpt2", "v5p-64", "8x4", 32, 512, "dots", "adamw"),
-    ("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw"),
-    ("llama2_7b", "v5p-16", "8x1", 8, 2048, "full", "adafactor"),
-    ("llama2_7b", "v5p-16", "4x2", 16, 2048, "dots", "adamw"),
-    ("llama2_7b", "v5p-32", "4x4", 16, 2048, "names:qkv,mlp_hidden", "adamw"),
-    ("llama2_7b", "v5p-64", "16x2", 32, 2048, "full", "adamw"),
-    ("llama2_7b", "v5p-128", "16x4", 32, 2048, "full", "adamw"),
-    ("llama2_7b", "v5p-128", "64x1", 64, 2048, "full", "adafactor"),
-    ("llama2_7b", "v5p-128", "8x8", 16, 2048, "none", "adamw"),
-    ("llama2_7b", "v5p-512", "64x4", 64, 2048, "full", "adamw"),
-    ("llama2_7b", "v5p-512", "32x8", 32, 2048, "dots", "adafactor"),
-    ("llama3_8b", "v5p-32", "16x1", 16, 2048, "full", "adamw"),
-    ("llama3_8b", "v5p-64", "8x4", 32, 2048, "dots", "adafactor"),
-    ("llama3_8b", "v5p-128", "32x2", 64, 2048, "names:qkv,mlp_hidden", "adamw"),
-    ("llama2_13b", "v5p-128", "16x4", 32, 2048, "full", "adamw"),
-    ("llama2_13b", "v5p-256", "32x4", 64, 2048, "dots", "adafactor"),
-]
-# Toy-sized steps (compiled peaks of 0.7-3.6 MiB), reported apart: there XLA's
-# peak_memory_in_bytes is not the HBM buffers its own dumps hold (see README).
-TOY = [
-    ("tiny", "v5p-8", "4x1", 8, 128, "full", "adamw"),
-    ("tiny", "v5p-16", "4x2", 16, 128, "none", "adafactor"),
-    ("tiny", "v5p-32", "16x1", 32, 128, "dots", "adamw"),
-    ("tiny", "v5p-32", "8x2", 8, 128, "names:qkv,mlp_hidden", "adafactor"),
-]
-CONFIGS = MATRIX + TOY  # --only indexes this
-
-
 def _pct(x) -> str:
   return "n/a" if x is None else f"{100 * x:+.2f}%"
 
@@ -87,24 +47,24 @@ def _errors_line(rows: list[dict], key: str, what: str) -> str | None:
           f"{100 * statistics.median(errs):.2f}%, worst {100 * max(errs):.2f}%")
 
 
-def _is_toy(row: dict) -> bool:
-  return bool(row["config"].get("toy"))
+def _part(row: dict) -> str:
+  return row["config"].get("part") or ("toy" if row["config"].get("toy")
+                                       else "tune")
 
 
 def summary(rows: list[dict]) -> list[str]:
   ok = [r for r in rows if "relative_error" in r]
   lines = [f"{len(ok)} of {len(rows)} configs compiled."]
-  matrix = [r for r in ok if not _is_toy(r)]
-  toy = [r for r in ok if _is_toy(r)]
-  for key in ("arguments", "peak", "peak_no_overhead", "temp"):
-    line = _errors_line(matrix, key, f" ({len(matrix)} matrix configs)")
-    if line:
-      lines.append(line)
-  for key in ("arguments", "peak_no_overhead"):
-    line = _errors_line(toy, key, f" ({len(toy)} toy configs, outside the "
-                        f"targets)")
-    if line:
-      lines.append(line)
+  for part in PARTS:
+    of_part = [r for r in ok if _part(r) == part]
+    keys = (("arguments", "peak_no_overhead") if part == "toy" else
+            ("arguments", "peak", "peak_no_overhead", "temp"))
+    what = (f" ({len(of_part)} {part} configs"
+            f"{', outside the targets' if part == 'toy' else ''})")
+    for key in keys:
+      line = _errors_line(of_part, key, what)
+      if line:
+        lines.append(line)
   live = [r for r in ok if r["compiled"].get("peak_live_bytes")]
   if live:
     match = sum(1 for r in live if abs(r["compiled"]["peak_live_bytes"]
@@ -150,7 +110,7 @@ def write(rows: list[dict], path: str, started: float) -> None:
            "|" + "---|" * 21]
   for i, r in enumerate(rows):
     c = r["config"]
-    model = c["model"] + (" (toy)" if _is_toy(r) else "")
+    model = c["model"].split("/")[-1] + f" ({_part(r)})"
     pre = (f"| {i} | {model} | {c['topology']} | {c['mesh']} | {c['batch']} | "
            f"{c['seq']} | {c['remat']} | {c['optimizer']} | ")
     if "relative_error" not in r:
@@ -171,13 +131,12 @@ def write(rows: list[dict], path: str, started: float) -> None:
 
 def _chosen(only: str | None) -> list[int]:
   if not only:
-    return list(range(len(CONFIGS)))
+    return list(range(len(CASES)))
   out = []
   for part in only.split(","):
-    if not part.strip().isdigit() or int(part) >= len(CONFIGS):
+    if not part.strip().isdigit() or int(part) >= len(CASES):
       cli.fail(f"--only={only!r}: {part!r} is not a config index; valid: 0 to "
-               f"{len(CONFIGS) - 1} ({len(MATRIX)} matrix configs, then "
-               f"{len(TOY)} toy ones)")
+               f"{len(CASES) - 1} (experiments.validation_corpus.CASES)")
     out.append(int(part))
   return out
 
@@ -198,15 +157,14 @@ def main(argv):
   chosen = _chosen(FLAGS.only)
   rows, started = [], time.time()
   for n, i in enumerate(chosen):
-    model, topo, mesh, batch, seq, remat, opt = CONFIGS[i]
-    x, y = parse_mesh(mesh)
-    settings = TrainSettings(batch=batch, seq=seq, remat=remat, optimizer=opt)
-    label = f"[{n + 1}/{len(chosen)} #{i} {model} {topo} {mesh} b{batch} {remat} {opt}]"
+    case = CASES[i]
+    x, y = parse_mesh(case.mesh)
+    label = f"[{n + 1}/{len(chosen)} #{i} {case.label()}]"
     print(f"{label} start ({time.time() - started:.0f} s elapsed)", file=sys.stderr,
           flush=True)
     t0 = time.time()
     try:
-      r = validate(load_model(model), settings, topo, x, y,
+      r = validate(load_model(case.model), case.settings(), case.topology, x, y,
                    progress=lambda m: print(f"{label} {m}", file=sys.stderr,
                                             flush=True))
       r["compiled"].pop("collectives_list", None)
@@ -214,14 +172,13 @@ def main(argv):
             f"{_pct(r['relative_error']['arguments'])}, peak err "
             f"{_pct(r['relative_error']['peak'])}", file=sys.stderr, flush=True)
     except Exception as e:  # noqa: BLE001 - a failed config is a result
-      msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-      print(f"{label} FAILED after {time.time() - t0:.0f} s: {msg}", file=sys.stderr,
-            flush=True)
-      traceback.print_exc(file=sys.stderr)
-      r = {"error": msg}
-    r["config"] = {"model": model, "topology": topo, "mesh": mesh, "batch": batch,
-                   "seq": seq, "remat": remat, "optimizer": opt,
-                   "toy": i >= len(MATRIX)}
+      first = str(e).splitlines()[0] if str(e) else ""
+      print(f"{label} FAILED after {time.time() - t0:.0f} s: "
+            f"{type(e).__name__}: {first}", file=sys.stderr, flush=True)
+      # Kept whole: an out-of-HBM compile states the bytes it needed.
+      r = {"error": f"{type(e).__name__}: {first}", "error_text": str(e)[:4000],
+           "compile_seconds": time.time() - t0}
+    r["config"] = {**dataclasses.asdict(case), "index": i}
     rows.append(r)
     if FLAGS.jsonl:
       with open(FLAGS.jsonl, "a") as f:

@@ -1,0 +1,154 @@
+"""The compiled validation corpus: which configs the memory model is held to.
+
+Each case is compiled once for its TPU topology through libtpu
+(`experiments.validation_matrix --jsonl=...`); XLA's figures and the buffers
+live at its peak are kept as data in `CORPUS_JSONL`, so the symbolic side is
+re-checked against every case in seconds (`--from_jsonl`, and in CI).
+
+Parts:
+  tune   the configs the memory model's rules were read off (the 25-config
+         matrix of earlier sessions, then half of the new kinds);
+  check  configs of the same kinds nobody tuned on, reported apart;
+  toy    the `tiny` model's sub-4-MiB steps, outside the targets (there XLA's
+         peak_memory_in_bytes is not the buffers its own dumps hold).
+A separate held-out set lives outside this repository.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from simulator.settings import TrainSettings
+
+CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
+                            "compiled_corpus.jsonl")
+PARTS = ("tune", "check", "toy")
+GEMMA_2B = "models/configs/gemma-2b.json"
+QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  model: str  # preset name or config.json path (relative to the repo root)
+  topology: str
+  mesh: str  # XxY
+  batch: int
+  seq: int
+  remat: str
+  optimizer: str
+  part: str = "tune"
+  shard: str = "zero3"
+  precision: str = "mixed"
+  attention: str = "flash"
+  loss_chunks: int = 1
+
+  def settings(self) -> TrainSettings:
+    return TrainSettings(batch=self.batch, seq=self.seq, remat=self.remat,
+                         attention=self.attention, optimizer=self.optimizer,
+                         precision=self.precision, shard=self.shard,
+                         loss_chunks=self.loss_chunks)
+
+  def label(self) -> str:
+    extra = [f"{k}={getattr(self, k)}" for k, d in (
+        ("shard", "zero3"), ("precision", "mixed"), ("attention", "flash"),
+        ("loss_chunks", 1)) if getattr(self, k) != d]
+    return " ".join([self.model.split("/")[-1], self.topology, self.mesh,
+                     f"b{self.batch}", f"s{self.seq}", self.remat,
+                     self.optimizer, *extra])
+
+
+T, C = "tune", "check"
+CASES: list[Case] = [
+    # The earlier sessions' matrix (the rules were read off these): v5p,
+    # zero3, mixed precision, flash attention.
+    Case("gpt2", "v5p-8", "4x1", 16, 512, "full", "adamw"),
+    Case("gpt2", "v5p-8", "2x2", 16, 512, "none", "adamw"),
+    Case("gpt2", "v5p-8", "1x4", 8, 512, "dots", "adafactor"),
+    Case("gpt2", "v5p-16", "8x1", 32, 512, "full", "adafactor"),
+    Case("gpt2", "v5p-16", "4x2", 16, 512, "dots", "adamw"),
+    Case("gpt2", "v5p-16", "2x4", 8, 512, "none", "adafactor"),
+    Case("gpt2", "v5p-32", "16x1", 32, 512, "names:attn_out,mlp_in", "adamw"),
+    Case("gpt2", "v5p-32", "4x4", 16, 512, "full", "adafactor"),
+    Case("gpt2", "v5p-64", "32x1", 32, 512, "full", "adamw"),
+    Case("gpt2", "v5p-64", "8x4", 32, 512, "dots", "adamw"),
+    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw"),
+    Case("llama2_7b", "v5p-16", "8x1", 8, 2048, "full", "adafactor"),
+    Case("llama2_7b", "v5p-16", "4x2", 16, 2048, "dots", "adamw"),
+    Case("llama2_7b", "v5p-32", "4x4", 16, 2048, "names:qkv,mlp_hidden",
+          "adamw"),
+    Case("llama2_7b", "v5p-64", "16x2", 32, 2048, "full", "adamw"),
+    Case("llama2_7b", "v5p-128", "16x4", 32, 2048, "full", "adamw"),
+    Case("llama2_7b", "v5p-128", "64x1", 64, 2048, "full", "adafactor"),
+    Case("llama2_7b", "v5p-128", "8x8", 16, 2048, "none", "adamw"),
+    Case("llama2_7b", "v5p-512", "64x4", 64, 2048, "full", "adamw"),
+    Case("llama2_7b", "v5p-512", "32x8", 32, 2048, "dots", "adafactor"),
+    Case("llama3_8b", "v5p-32", "16x1", 16, 2048, "full", "adamw"),
+    Case("llama3_8b", "v5p-64", "8x4", 32, 2048, "dots", "adafactor"),
+    Case("llama3_8b", "v5p-128", "32x2", 64, 2048, "names:qkv,mlp_hidden",
+          "adamw"),
+    Case("llama2_13b", "v5p-128", "16x4", 32, 2048, "full", "adamw"),
+    Case("llama2_13b", "v5p-256", "32x4", 64, 2048, "dots", "adafactor"),
+    # Parameters not sharded over X, and the other precisions.
+    Case("gpt2", "v5p-8", "4x1", 16, 1024, "full", "adamw", T, shard="dp"),
+    Case("llama2_7b", "v5p-16", "2x4", 8, 2048, "full", "adamw", C,
+          shard="dp", precision="bf16"),
+    Case("llama2_7b", "v5p-16", "4x2", 16, 2048, "full", "adamw", T,
+          shard="zero1", precision="bf16_master"),
+    Case("llama2_7b", "v5p-32", "8x2", 16, 2048, "full", "adafactor", C,
+          shard="zero1", precision="bf16"),
+    Case("llama2_7b", "v5p-32", "4x4", 16, 2048, "dots", "adamw", T,
+          shard="zero2"),
+    Case("llama3_8b", "v5p-64", "8x4", 32, 2048, "full", "adamw", C,
+          shard="zero2", precision="bf16"),
+    Case("gpt2", "v5p-16", "4x2", 32, 1024, "dots", "sgd_momentum", C,
+          shard="zero2", precision="bf16_master"),
+    # Other optimizers.
+    Case("llama2_7b", "v5p-64", "16x2", 32, 2048, "full", "adamw_bf16_mu", T),
+    Case("gpt2", "v5p-8", "2x2", 16, 512, "none", "sgd", C),
+    # Host offload of saved activations.
+    Case("llama2_7b", "v5p-32", "16x1", 16, 2048, "offload:qkv,attn_out",
+          "adamw", T),
+    Case("llama2_13b", "v5p-128", "16x4", 32, 2048, "offload:qkv", "adamw", C),
+    # Named remat with a chunked loss.
+    Case("llama2_7b", "v5p-32", "8x2", 16, 2048, "names:attn_out", "adamw", T,
+          loss_chunks=4),
+    Case("llama3_8b", "v5p-32", "16x1", 16, 2048, "names:attn_out,mlp_in",
+          "adamw", C, loss_chunks=4),
+    # Materialized attention, long and short sequences.
+    Case("llama2_7b", "v5p-64", "32x1", 32, 4096, "full", "adamw", T,
+          attention="materialized"),
+    Case("gpt2", "v5p-16", "8x1", 16, 1024, "none", "adamw", C,
+          attention="materialized"),
+    Case("llama3_8b", "v5p-128", "32x2", 32, 8192, "full", "adamw", T),
+    Case("llama2_7b", "v5p-16", "8x1", 64, 512, "dots", "adamw", C),
+    # TPU v4, v5e, v6e.
+    Case("llama2_7b", "v4-32", "8x2", 16, 2048, "full", "adamw", T),
+    Case("gpt2", "v4-16", "4x2", 32, 1024, "dots", "adamw", C),
+    Case("gpt2", "v5e-8", "8x1", 32, 1024, "full", "adamw", T),
+    Case("llama2_7b", "v5e-32", "16x2", 32, 2048, "full", "adamw", C),
+    Case("llama2_7b", "v6e-16", "8x2", 16, 2048, "full", "adamw", T),
+    Case("llama3_8b", "v6e-32", "16x2", 32, 4096, "dots", "adamw", C),
+    # Hugging Face configs: MQA (gemma-2b, kv heads replicated over Y) and
+    # GQA (qwen2, mistral).
+    Case(GEMMA_2B, "v5p-32", "16x1", 32, 2048, "full", "adamw", T),
+    Case(GEMMA_2B, "v5p-32", "8x2", 16, 2048, "dots", "adamw", C),
+    Case(QWEN2_0_5B, "v5p-8", "4x1", 32, 2048, "full", "adamw", C),
+    Case("mistral_7b", "v5p-32", "16x1", 16, 4096, "full", "adamw", T),
+    Case("mistral_7b", "v5p-64", "16x2", 32, 4096, "names:qkv", "adamw", C),
+    # 70B, and near-capacity plans (the ones users book).
+    Case("llama2_70b", "v5p-256", "128x1", 128, 4096, "full", "adamw", T),
+    Case("llama2_70b", "v5p-256", "32x4", 1024, 4096, "full", "adamw", C),
+    Case("llama2_13b", "v5p-32", "16x1", 512, 2048, "full", "adamw", T),
+    Case("llama3_8b", "v5p-32", "16x1", 256, 4096, "full", "adamw", C),
+    Case("xxl_ffn", "v5p-128", "64x1", 512, 256, "full", "adamw", T),
+    # Over HBM: XLA refuses these at compile time and says what they need.
+    Case("llama2_7b", "v5p-8", "4x1", 32, 2048, "none", "adamw", T),
+    Case("llama2_7b", "v5p-16", "8x1", 64, 4096, "dots", "adamw", C),
+    # Toy-sized steps, outside the targets.
+    Case("tiny", "v5p-8", "4x1", 8, 128, "full", "adamw", "toy"),
+    Case("tiny", "v5p-16", "4x2", 16, 128, "none", "adafactor", "toy"),
+    Case("tiny", "v5p-32", "16x1", 32, 128, "dots", "adamw", "toy"),
+    Case("tiny", "v5p-32", "8x2", 8, 128, "names:qkv,mlp_hidden", "adafactor",
+          "toy"),
+]
