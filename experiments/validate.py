@@ -104,35 +104,6 @@ def render(result: dict, header: str) -> str:
   return "\n".join(lines)
 
 
-def validate(cfg, settings, topology_name: str, x: int, y: int,
-             target: str | None = None, execute_steps: int = 0,
-             progress=None, dump_dir: str | None = None) -> dict:
-  """The JSON result for one config (symbolic from memory_report, compiled from
-  simulator.compiled)."""
-  from meshes.layout import abstract_mesh, plan_mesh
-  from meshes.topology import parse_topology
-  from simulator import comms, compiled, memory
-  from simulator.trace import trace
-  plan = plan_mesh(parse_topology(topology_name), x, y)
-  estimate = memory.memory_report(cfg, settings, plan)
-  kwargs = {} if progress is None else {"progress": progress}
-  rep = compiled.compile_report(cfg, settings, target or topology_name, x, y,
-                                execute_steps=execute_steps, dump_dir=dump_dir,
-                                **kwargs)
-  out = compiled.compare(estimate, rep)
-  traced = trace(cfg, settings, abstract_mesh(plan), residuals=False)
-  out["collectives"] = compiled.compare_collectives(comms.collectives(traced),
-                                                    rep)
-  out["config"] = {"model": cfg.name, "topology": topology_name, "mesh": f"{x}x{y}",
-                   "target": target or topology_name, **vars_of(settings)}
-  return out
-
-
-def vars_of(settings) -> dict:
-  import dataclasses
-  return dataclasses.asdict(settings)
-
-
 def main(argv):
   del argv
   import jax
@@ -148,6 +119,7 @@ def main(argv):
       cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is a file; give a directory "
                "(created if missing)")
     os.makedirs(FLAGS.dump_dir, exist_ok=True)
+  from simulator.crosscheck import validate
   result = validate(cfg, settings, FLAGS.topology, x, y, FLAGS.target,
                     FLAGS.execute_steps, dump_dir=FLAGS.dump_dir)
   if FLAGS.format == "json":

@@ -1,15 +1,16 @@
-"""The validation matrix: symbolic memory vs the compiler over many configs.
+"""The validation corpus compiled, or re-checked from kept results.
 
-  python -m experiments.validation_matrix [--only=N,M] [--out=experiments/validation.md]
-      [--jsonl=F]   also keep every result as a JSON line
-  python -m experiments.validation_matrix --from_jsonl=F
-                    rewrite the table from kept results, compiling nothing
+  python -m experiments.validation_matrix [--only=N,M] [--jsonl=F]
+      compile the cases of experiments.validation_corpus for their TPU
+      topologies through libtpu (no TPU needed), appending each result to F
+  python -m experiments.validation_matrix --from_jsonl=experiments/data/compiled_corpus.jsonl
+      recompute the symbolic side of every kept row against its compiled
+      figures (no compiling; seconds) and rewrite the table
 
-Every config is compiled for its v5p topology through libtpu (no TPU needed). A
-config that fails (including out-of-memory at compile time) is recorded as failed
-and the run goes on. Progress goes to stderr; the table (with its summary: median
-and worst relative error of peak, of arguments and of collective bytes,
-symbolic vs HLO) is rewritten after every config, so a cut-short run still
+A config that fails to compile is a result: an out-of-HBM compile keeps the
+bytes XLA said it needed. The table (--out, summary per corpus part: median
+and worst relative error of peak, arguments and collective bytes, symbolic
+vs compiled) is rewritten after every config, so a cut-short run still
 leaves its rows.
 """
 
@@ -32,8 +33,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "experiments/validation.md", "results table (markdown)")
 flags.DEFINE_string("jsonl", None, "also append each result as a JSON line here")
 flags.DEFINE_string("only", None, "comma-separated config indices to run")
-flags.DEFINE_string("from_jsonl", None, "write the table from these results "
+flags.DEFINE_string("from_jsonl", None, "re-check these kept results "
                     "(a --jsonl of an earlier run) instead of compiling")
+
+
 def _pct(x) -> str:
   return "n/a" if x is None else f"{100 * x:+.2f}%"
 
@@ -65,6 +68,14 @@ def summary(rows: list[dict]) -> list[str]:
       line = _errors_line(of_part, key, what)
       if line:
         lines.append(line)
+  oom = [r for r in rows if "oom_relative_error" in r]
+  if oom:
+    says = sum(1 for r in oom if not r["symbolic_fits"])
+    errs = ", ".join(f"{100 * r['oom_relative_error']:+.1f}%" for r in oom)
+    lines.append(f"- {len(oom)} configs over HBM at compile time (XLA's "
+                 f"CompileTimeHbmOom): the symbolic estimate says 'does not "
+                 f"fit' for {says}; its temporaries vs the bytes XLA said it "
+                 f"needed: {errs}")
   live = [r for r in ok if r["compiled"].get("peak_live_bytes")]
   if live:
     match = sum(1 for r in live if abs(r["compiled"]["peak_live_bytes"]
@@ -141,44 +152,47 @@ def _chosen(only: str | None) -> list[int]:
   return out
 
 
+def _read_rows(path: str) -> list[dict]:
+  try:
+    with open(path) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+  except (OSError, ValueError) as e:
+    cli.fail(f"--from_jsonl={path!r}: {e}; give a --jsonl file of an earlier "
+             "run")
+  if not all(isinstance(r, dict) and "config" in r for r in rows):
+    cli.fail(f"--from_jsonl={path!r}: not a --jsonl file of an earlier run "
+             "(each line a JSON object with a 'config')")
+  return rows
+
+
+def _say(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
 def main(argv):
   del argv
+  from simulator import crosscheck
+  started = time.time()
   if FLAGS.from_jsonl:
-    try:
-      with open(FLAGS.from_jsonl) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as e:
-      cli.fail(f"--from_jsonl={FLAGS.from_jsonl!r}: {e}; give a --jsonl file "
-               "of an earlier run")
-    write(rows, FLAGS.out, 0)
+    rows = [crosscheck.recheck(r) for r in _read_rows(FLAGS.from_jsonl)]
+    write(rows, FLAGS.out, started)
+    _say(f"re-checked {len(rows)} kept rows in {time.time() - started:.1f} s")
     return
-  from experiments.validate import validate
   from meshes.layout import parse_mesh
+  rows = []
   chosen = _chosen(FLAGS.only)
-  rows, started = [], time.time()
   for n, i in enumerate(chosen):
     case = CASES[i]
     x, y = parse_mesh(case.mesh)
     label = f"[{n + 1}/{len(chosen)} #{i} {case.label()}]"
-    print(f"{label} start ({time.time() - started:.0f} s elapsed)", file=sys.stderr,
-          flush=True)
-    t0 = time.time()
-    try:
-      r = validate(load_model(case.model), case.settings(), case.topology, x, y,
-                   progress=lambda m: print(f"{label} {m}", file=sys.stderr,
-                                            flush=True))
-      r["compiled"].pop("collectives_list", None)
-      print(f"{label} done in {time.time() - t0:.0f} s: args err "
-            f"{_pct(r['relative_error']['arguments'])}, peak err "
-            f"{_pct(r['relative_error']['peak'])}", file=sys.stderr, flush=True)
-    except Exception as e:  # noqa: BLE001 - a failed config is a result
-      first = str(e).splitlines()[0] if str(e) else ""
-      print(f"{label} FAILED after {time.time() - t0:.0f} s: "
-            f"{type(e).__name__}: {first}", file=sys.stderr, flush=True)
-      # Kept whole: an out-of-HBM compile states the bytes it needed.
-      r = {"error": f"{type(e).__name__}: {first}", "error_text": str(e)[:4000],
-           "compile_seconds": time.time() - t0}
+    _say(f"{label} start ({time.time() - started:.0f} s elapsed)")
+    r = crosscheck.compile_case(load_model(case.model), case.settings(),
+                                case.topology, x, y,
+                                progress=lambda m: _say(f"{label} {m}"))
+    _say(f"{label} {r.get('error') or 'compiled'}")
     r["config"] = {**dataclasses.asdict(case), "index": i}
+    if "oom" in r:  # the symbolic side of a plan XLA refused
+      r = crosscheck.recheck(r)
     rows.append(r)
     if FLAGS.jsonl:
       with open(FLAGS.jsonl, "a") as f:

@@ -370,6 +370,39 @@ def _rel(symbolic: float, compiled: float) -> float | None:
   return None if not compiled else (symbolic - compiled) / compiled
 
 
+def symbolic_side(estimate, target: str) -> dict[str, Any]:
+  """The estimate's figures in the compiler's terms (see `compare`)."""
+  pd = {k: int(v) for k, v in estimate.per_device_bytes.items()}
+  batch = int(estimate.batch_bytes)
+  sym: dict[str, Any] = dict(pd)
+  sym["batch"] = batch
+  # params + optimizer + batch, plus their TPU tile padding when the estimate
+  # (its plan's chip) and the compile target are both TPUs: a TPU estimate
+  # compared with a CPU/GPU compile drops the padding.
+  padding = int(estimate.tile_padding_bytes)
+  untiled = padding if target_kind(target) != "tpu" else 0
+  sym["tile_padding"] = padding - untiled
+  sym["arguments"] = pd["params"] + pd["optimizer"] + batch + sym["tile_padding"]
+  # The liveness-aware peak without the runtime overhead: XLA's figure, and
+  # the transient live set at the peak (peak - arguments).
+  sym["peak_no_overhead"] = int(estimate.compiled_comparable_peak) - untiled
+  sym["temp"] = sym["peak_no_overhead"] - sym["arguments"]
+  sym["phases"] = dict(estimate.phase_bytes)
+  sym["host"] = int(estimate.host_bytes)
+  return sym
+
+
+def errors(sym: dict[str, Any], comp: dict[str, Any]) -> dict[str, Any]:
+  """Relative errors (symbolic - compiled) / compiled of `compare`'s rows."""
+  layout = comp.get("layout_argument_bytes")
+  return {"arguments": _rel(sym["arguments"], comp["argument_bytes"]),
+          "arguments_layout": _rel(layout, comp["argument_bytes"])
+          if layout else None,
+          "temp": _rel(sym["temp"], comp["temp_bytes"]),
+          "peak": _rel(sym["peak"], comp["peak_bytes"]),
+          "peak_no_overhead": _rel(sym["peak_no_overhead"], comp["peak_bytes"])}
+
+
 def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
   """Symbolic (simulator.memory.MemoryEstimate) vs compiled, where they correspond.
 
@@ -383,28 +416,7 @@ def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
                figure to compare with XLA's peak.
   relative error = (symbolic - compiled) / compiled.
   """
-  pd = {k: int(v) for k, v in estimate.per_device_bytes.items()}
-  batch = int(estimate.batch_bytes)
-  sym = dict(pd)
-  sym["batch"] = batch
-  # params + optimizer + batch, plus their TPU tile padding when the estimate
-  # (its plan's chip) and the compile target are both TPUs: a TPU estimate
-  # compared with a CPU/GPU compile drops the padding.
-  padding = int(getattr(estimate, "tile_padding_bytes", 0))
-  untiled = padding if target_kind(rep.target) != "tpu" else 0
-  sym["tile_padding"] = padding - untiled
-  sym["arguments"] = pd["params"] + pd["optimizer"] + batch + sym["tile_padding"]
-  # The liveness-aware peak without the runtime overhead: XLA's figure.
-  sym["peak_no_overhead"] = (int(getattr(estimate, "compiled_comparable_peak", 0))
-                             or pd["peak"] - pd["overhead"]) - untiled
-  if getattr(estimate, "compiled_comparable_peak", 0):
-    # The transient live set at the peak phase (peak - arguments).
-    sym["temp"] = sym["peak_no_overhead"] - sym["arguments"]
-  else:
-    sym["temp"] = (pd["activations"] - batch + pd["logits"] + pd["grads"]
-                   + pd["temporaries"])
-  sym["phases"] = dict(getattr(estimate, "phase_bytes", {}) or {})
-  sym["host"] = int(estimate.host_bytes)
+  sym = symbolic_side(estimate, rep.target)
   comp = {"argument_bytes": rep.argument_bytes, "output_bytes": rep.output_bytes,
           "alias_bytes": rep.alias_bytes, "temp_bytes": rep.temp_bytes,
           "peak_bytes": rep.peak_bytes, "peak_source": rep.peak_source,
@@ -427,16 +439,11 @@ def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
           if rep.xla_peak else []}
   if rep.measured:
     comp["measured"] = rep.measured
-  err = {"arguments": _rel(sym["arguments"], rep.argument_bytes),
-         "arguments_layout": _rel(rep.layout_argument_bytes or 0, rep.argument_bytes)
-         if rep.layout_argument_bytes else None,
-         "temp": _rel(sym["temp"], rep.temp_bytes),
-         "peak": _rel(pd["peak"], rep.peak_bytes),
-         "peak_no_overhead": _rel(sym["peak_no_overhead"], rep.peak_bytes)}
-  return {"symbolic": sym, "compiled": comp, "relative_error": err}
+  return {"symbolic": sym, "compiled": comp, "relative_error": errors(sym, comp)}
 
 
-def compare_collectives(symbolic, rep: CompiledReport) -> dict[str, Any]:
+def compare_collectives(symbolic, hlo_summary: dict[str, dict[str, int]]
+                        ) -> dict[str, Any]:
   """Per-device bytes per step by "kind@axis": the traced program's collectives
   (simulator.comms) vs the compiled HLO's, both as V (the gathered result of an
   all-gather, the unreduced input of a reduce-scatter, the array otherwise).
@@ -451,7 +458,7 @@ def compare_collectives(symbolic, rep: CompiledReport) -> dict[str, Any]:
     key = f"{kind}@{c.axis}"
     sym[key] = sym.get(key, 0) + int(c.bytes_per_device) * int(c.count)
   hlo = {k: v["out_bytes"] if k.startswith("all-gather") else v["in_bytes"]
-         for k, v in rep.collective_summary().items()}
+         for k, v in hlo_summary.items()}
   s, h = sum(sym.values()), sum(hlo.values())
   return {"symbolic": dict(sorted(sym.items())), "hlo": hlo,
           "symbolic_bytes": s, "hlo_bytes": h,

@@ -1,0 +1,113 @@
+"""Symbolic memory and collectives beside the compiler's: one config compiled
+now (`validate`), or a kept corpus row re-checked without compiling
+(`recheck`: the compiled side is data, the symbolic side is recomputed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any, Callable
+
+from meshes.layout import abstract_mesh, parse_mesh, plan_mesh
+from meshes.topology import parse_topology
+from models.config import ModelConfig
+from models.registry import load_model
+from simulator import comms, compiled, memory
+from simulator.settings import TrainSettings
+from simulator.trace import trace
+
+
+def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
+              y: int):
+  plan = plan_mesh(parse_topology(topology), x, y)
+  estimate = memory.memory_report(cfg, settings, plan)
+  collectives = comms.collectives(trace(cfg, settings, abstract_mesh(plan),
+                                        residuals=False))
+  return estimate, collectives
+
+
+def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
+             y: int, target: str | None = None, execute_steps: int = 0,
+             progress: Callable[[str], None] | None = None,
+             dump_dir: str | None = None) -> dict[str, Any]:
+  """Compile the step for `target` (default: the TPU `topology`) and compare."""
+  estimate, collectives = _symbolic(cfg, settings, topology, x, y)
+  kwargs = {} if progress is None else {"progress": progress}
+  rep = compiled.compile_report(cfg, settings, target or topology, x, y,
+                                execute_steps=execute_steps, dump_dir=dump_dir,
+                                **kwargs)
+  out = compiled.compare(estimate, rep)
+  out["collectives"] = compiled.compare_collectives(
+      collectives, rep.collective_summary())
+  out["config"] = {"model": cfg.name, "topology": topology, "mesh": f"{x}x{y}",
+                   "target": target or topology,
+                   **dataclasses.asdict(settings)}
+  return out
+
+
+def settings_of(config: dict[str, Any]) -> TrainSettings:
+  """The TrainSettings a kept row was compiled with."""
+  fields = {f.name for f in dataclasses.fields(TrainSettings)}
+  return TrainSettings(**{k: v for k, v in config.items() if k in fields})
+
+
+def recheck(row: dict[str, Any]) -> dict[str, Any]:
+  """A kept corpus row with its symbolic side recomputed by today's model
+  against the compiled figures it holds. An out-of-HBM row gets the symbolic
+  temporaries beside the bytes XLA said it needed; other failed rows are
+  returned as they are."""
+  if "compiled" not in row and "oom" not in row:
+    return row
+  config = row["config"]
+  x, y = parse_mesh(config["mesh"])
+  estimate, collectives = _symbolic(load_model(config["model"]),
+                                    settings_of(config), config["topology"],
+                                    x, y)
+  sym = compiled.symbolic_side(estimate, config.get("target")
+                               or config["topology"])
+  if "oom" in row:
+    needed = row["oom"]["temp_bytes"]
+    return {**row, "symbolic": sym,
+            "oom_relative_error": (sym["temp"] - needed) / needed,
+            "symbolic_fits": bool(estimate.fits)}
+  comp = row["compiled"]
+  return {**row, "symbolic": sym,
+          "relative_error": compiled.errors(sym, comp),
+          "collectives": compiled.compare_collectives(
+              collectives, comp["collectives"])}
+
+
+_OOM = re.compile(r"CompileTimeHbmOom.*?temporaries \(([\d.]+)G\) exceeds "
+                  r"available HBM \(([\d.]+)G\)", re.S)
+
+
+def hbm_oom(message: str) -> dict[str, int] | None:
+  """What an out-of-HBM compile (libtpu's CompileTimeHbmOom) says it needed:
+  the temporaries' bytes and the HBM available (XLA prints GiB as "G")."""
+  m = _OOM.search(message)
+  if m is None:
+    return None
+  return {"temp_bytes": int(float(m.group(1)) * 2**30),
+          "hbm_bytes": int(float(m.group(2)) * 2**30)}
+
+
+def compile_case(cfg: ModelConfig, settings: TrainSettings, topology: str,
+                 x: int, y: int, progress: Callable[[str], None] | None = None
+                 ) -> dict[str, Any]:
+  """`validate`, with a failed compile kept as a result: its message whole,
+  and for an out-of-HBM compile the bytes XLA needed (`oom`)."""
+  started = time.perf_counter()
+  try:
+    row = validate(cfg, settings, topology, x, y, progress=progress)
+    row["compiled"].pop("collectives_list", None)
+    return row
+  except Exception as e:  # noqa: BLE001 - a failed compile is a result
+    text = str(e)
+    first = text.splitlines()[0] if text else ""
+    row = {"error": f"{type(e).__name__}: {first}", "error_text": text[:4000],
+           "compile_seconds": time.perf_counter() - started}
+    oom = hbm_oom(text)
+    if oom:
+      row["oom"] = oom
+    return row
