@@ -4,9 +4,11 @@
       --mesh=64x4 --batch=256 --seq=4096 --remat=full --attention=flash \
       --optimizer=adamw --precision=mixed --shard=zero3 [--format=json]
 
-Text: a table of categories in GiB (2**30 bytes) and % of the chip's HBM, then
-the largest tensors per category. JSON: simulator.memory.to_json's schema
-(all bytes are ints, per device).
+Text, in GiB (2**30 bytes) and % of the chip's HBM: the step's tensors by
+category; the peak (what is live at the heap simulation's largest point, by
+category, and where in the step it is), the planning overhead, the verdict;
+the largest buffers live at the peak and the largest tensors per category.
+JSON: simulator.memory.to_json's schema (all bytes are ints, per device).
 """
 
 from __future__ import annotations
@@ -29,30 +31,45 @@ def _gib(n: int) -> str:
   return f"{n / GiB:10.3f}"
 
 
+def _row(name: str, n: int, hbm: int) -> str:
+  return f"  {name:<14} {_gib(n)} {100 * n / hbm:6.1f}%"
+
+
 def render(estimate: memory.MemoryEstimate, header: str) -> str:
   hbm = estimate.hbm_bytes
-  lines = [header, "",
-           f"{'category':<12} {'GiB':>10} {'% HBM':>7}"]
-  for c in memory.CATEGORIES:
-    b = estimate.per_device_bytes[c]
-    if c == "peak":
-      lines.append("-" * 31)
-    lines.append(f"{c:<12} {_gib(b)} {100 * b / hbm:6.1f}%")
+  pd = estimate.per_device_bytes
+  lines = [header, "", "the step's tensors          GiB   % HBM"]
+  lines += [_row(c, pd[c], hbm) for c in ("params", "grads", "optimizer",
+                                          "activations")]
+  lines += ["  (activations: what the backward keeps, and the batch; "
+            f"offloaded to host: {estimate.host_bytes / GiB:.3f} GiB)", "",
+            f"the peak: the live set at {estimate.peak_where}",
+            "  (a heap simulation of the step; the step's tensors above are "
+            "not all live at once)"]
+  lines += [_row(c, estimate.at_peak[c], hbm) for c in memory.PEAK_CATEGORIES
+            if estimate.at_peak[c]]
+  lines += ["  " + "-" * 31,
+            _row("peak (XLA's)", estimate.compiled_comparable_peak, hbm),
+            _row("+ overhead", pd["overhead"], hbm),
+            _row("= plan with", pd["peak"], hbm)]
   verdict = "fits" if estimate.fits else "does NOT fit"
   lines += [
       "",
-      f"HBM per chip {hbm / GiB:.2f} GiB: {verdict}, headroom "
-      f"{estimate.headroom_bytes / GiB:.3f} GiB",
-      f"host (pinned, offloaded residuals) {estimate.host_bytes / GiB:.3f} GiB"
-      " per device, not in HBM",
-      f"eta_mem = params / peak = {estimate.eta_mem:.4f}",
-      f"overhead = {memory.OVERHEAD_FRACTION:.0%} of the other categories; "
-      f"batch arguments {estimate.batch_bytes / GiB:.4f} GiB (in activations)",
-      "", "largest contributors (per device):"]
-  for c in (*memory.CATEGORIES[:-2], "host"):
+      f"HBM per chip {hbm / GiB:.2f} GiB: {verdict} with the "
+      f"{memory.OVERHEAD_FRACTION:.0%} planning overhead (runtime and "
+      f"fragmentation, {memory.OVERHEAD_FRACTION:.0%} of XLA's peak); "
+      f"headroom {estimate.headroom_bytes / GiB:.3f} GiB",
+      f"eta_mem = params / planned peak = {estimate.eta_mem:.4f}",
+      "", "largest buffers live at the peak (per device):"]
+  for x in estimate.peak_buffers:
+    shape = "x".join(map(str, x.shape)) or "-"
+    lines.append(f"  {x.category:<12} {_gib(x.bytes)} GiB  {x.dtype:<8} "
+                 f"[{shape}]  {x.name}")
+  lines += ["", "largest tensors of the step (per device):"]
+  for c in (*memory.CATEGORIES[:-2], "batch", "host"):
     for x in estimate.contributors.get(c, ()):
       shape = "x".join(map(str, x.shape)) or "-"
-      lines.append(f"  {c:<11} {_gib(x.bytes)} GiB  {x.dtype:<8} [{shape}]  "
+      lines.append(f"  {c:<12} {_gib(x.bytes)} GiB  {x.dtype:<8} [{shape}]  "
                    f"{x.name}")
   return "\n".join(lines)
 

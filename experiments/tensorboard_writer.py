@@ -134,10 +134,11 @@ SWEEP_METRICS = {
     "memory/compiled_peak_gib": ("compiled_peak_bytes", 1 / GiB,
                                  "compiler's peak GiB per device (top-k only)"),
 }
-_CATEGORY_COLOURS = {
-    "params": (31, 119, 180), "grads": (255, 127, 14), "optimizer": (44, 160, 44),
-    "activations": (214, 39, 40), "logits": (148, 103, 189),
-    "temporaries": (140, 86, 75), "param_casts": (227, 119, 194),
+_CATEGORY_COLOURS = {  # what is live at the peak (they stack to the peak)
+    "params": (31, 119, 180), "optimizer": (44, 160, 44),
+    "batch": (188, 189, 34), "tile_padding": (23, 190, 207),
+    "grads": (255, 127, 14), "activations": (214, 39, 40),
+    "logits": (148, 103, 189), "temporaries": (140, 86, 75),
     "overhead": (127, 127, 127)}
 
 

@@ -8,8 +8,9 @@ The step is compiled for --topology through libtpu (no TPU needed), or with
 (--execute_steps N then also runs N steps and reads device.memory_stats();
 on cpu it runs them too, which checks the step executes).
 Rows: arguments (params + optimizer + batch, TPU tile padding included), temp
-(the compiled-comparable peak minus the arguments), peak (the live set at the
-step's worst phase, without the planning overhead; see simulator/memory.py);
+(the compiled-comparable peak minus the arguments), peak (the arguments plus
+the largest live set of the heap simulation, without the planning overhead;
+see simulator/memory);
 relative error = (symbolic - compiled) / compiled.
 Bytes are per device; human output in GiB (2**30 bytes).
 """
@@ -58,10 +59,8 @@ def render(result: dict, header: str) -> str:
            f" {'rel. error':>10}"]
   for name, a, b, r in rows:
     lines.append(f"{name:<16} {a / GiB:13.4f} {b / GiB:13.4f} {_pct(r):>10}")
-  lines += ["", "symbolic: " + ", ".join(
-      f"{k} {s[k] / GiB:.4f}" for k in ("params", "grads", "optimizer", "activations",
-                                        "logits", "temporaries", "param_casts",
-                                        "overhead")) + " GiB",
+  lines += ["", f"symbolic peak at {s['peak_where']}: " + ", ".join(
+      f"{k} {v / GiB:.4f}" for k, v in s["at_peak"].items() if v) + " GiB",
             f"compiled: output {c['output_bytes'] / GiB:.4f}, alias "
             f"{c['alias_bytes'] / GiB:.4f}, generated code "
             f"{c['generated_code_bytes'] / GiB:.4f} GiB; peak from {c['peak_source']};"
@@ -71,7 +70,7 @@ def render(result: dict, header: str) -> str:
             f"compiled {c['argument_bytes']} B"]
   if c.get("flops") is not None:
     lines.append(f"cost: {c['flops']:.4g} flops, {c['bytes_accessed']:.4g} bytes "
-                 f"accessed, optimal {c['optimal_seconds']} s (per device)")
+                 f"accessed, optimal {c['optimal_seconds']:.4g} s (per device)")
   cc = result["collectives"]
   err = cc["relative_error"]
   lines.append(f"collectives, per device per step (V: gathered result, "

@@ -8,8 +8,9 @@ frame names or tracebacks (which change with where packages are installed).
 
   LAYERS  the layer stack: one scan whose body is one layer and whose
           per-layer parameters are stacked on the `layers` logical axis.
-  LOSS    the output projection's logits and the loss over them (a model
-          with an output layer; seed 004's XXL stack has none).
+  LOSS    the loss from the last hidden state: the output projection's
+          logits and the loss over them (seed 004's XXL stack, which has no
+          output layer, a stand-in that reads every output).
 """
 
 from __future__ import annotations

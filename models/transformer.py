@@ -150,7 +150,8 @@ class Decoder(nn.Module):
                name="final_norm")(activation(x, GATHERED, self.rules))
     if not c.embeddings:
       # No output layer (seed 004): a stand-in loss that reads every output.
-      return jnp.mean(jnp.square(x.astype(jnp.float32)) * targets)
+      with jax.named_scope(scopes.LOSS):
+        return jnp.mean(jnp.square(x.astype(jnp.float32)) * targets)
     x = activation(x, GATHERED, self.rules)
     if c.tie_embeddings:
       w_DxV = reshard(table_VxD.astype(self.dtype),

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from meshes import layout
 from meshes.topology import parse_topology
 from models.config import ModelConfig
 from simulator import hlo_collectives, xla_peak
+from simulator.memory.tiling import layout_bytes
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step, device_bytes, device_shape
 from simulator.trace import read_inputs
@@ -106,24 +106,6 @@ def symbolic_argument_bytes(step: Step, reads: Sequence[bool]
   return out
 
 
-def _padded_bytes(shape, dtype, fmt) -> int:
-  """Bytes of one shard under the compiler's chosen (tiled) layout: the minor dims,
-  in major_to_minor order, rounded up to the first-level tile (TPU: (8,128) etc.)."""
-  itemsize = np.dtype(dtype).itemsize
-  lay = getattr(fmt, "layout", None)
-  tiling = getattr(lay, "tiling", None) or ()
-  if not tiling:
-    return math.prod(shape) * itemsize
-  order = list(getattr(lay, "major_to_minor", range(len(shape))))
-  dims = [shape[a] for a in order] or [1]  # a scalar still fills one tile
-  tile = tiling[0]
-  for i, t in enumerate(reversed(tile)):
-    if i < len(dims) and t > 1:
-      j = len(dims) - 1 - i
-      dims[j] = -(-dims[j] // t) * t
-  return math.prod(dims) * itemsize
-
-
 def layout_argument_bytes(c: "Compiled") -> int | None:
   """Per-device argument bytes under the compiled input layouts (tile padding
   included): must equal memory_analysis().argument_size_in_bytes on TPU."""
@@ -135,7 +117,8 @@ def layout_argument_bytes(c: "Compiled") -> int | None:
   args = jax.tree.leaves(c.step.args)
   if len(formats) != len(args):
     return None
-  return sum(_padded_bytes(device_shape(a), a.dtype, f)
+  return sum(layout_bytes(device_shape(a), a.dtype,
+                          getattr(f, "layout", None))
              for a, f, read in zip(args, formats, c.reads) if read)
 
 
@@ -388,6 +371,8 @@ def symbolic_side(estimate, target: str) -> dict[str, Any]:
   sym["peak_no_overhead"] = int(estimate.compiled_comparable_peak) - untiled
   sym["temp"] = sym["peak_no_overhead"] - sym["arguments"]
   sym["phases"] = dict(estimate.phase_bytes)
+  sym["peak_where"] = estimate.peak_where
+  sym["at_peak"] = dict(estimate.at_peak)
   sym["host"] = int(estimate.host_bytes)
   return sym
 

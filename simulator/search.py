@@ -32,7 +32,8 @@ from simulator.step import PlanError
 from simulator.trace import trace_probe
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer")
-CATEGORIES = memory.CATEGORIES[:-1]  # per-record memory: all but the peak
+# Per-record memory: what is live at the peak, and the planning overhead.
+CATEGORIES = (*memory.PEAK_CATEGORIES, "overhead")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +126,14 @@ class _Estimator:
     self.seq = settings.seq
 
   def at(self, batch: int) -> dict[str, Any]:
-    per = self.base_memory.at_batch(batch).per_device_bytes
+    est = self.base_memory.at_batch(batch)
+    live = {**est.at_peak, "overhead": est.per_device_bytes["overhead"]}
     tokens = batch * self.seq
     step = roofline.step_estimate(self.mesh_model, tokens, self.hardware)
     thr = step.threshold_tokens_global
-    return dict(memory={c: int(per.get(c, 0)) for c in CATEGORIES},
-                peak_bytes=int(per["peak"]), t_math_s=step.t_math,
+    return dict(memory={c: int(live.get(c, 0)) for c in CATEGORIES},
+                peak_bytes=int(est.per_device_bytes["peak"]),
+                peak_where=est.peak_where, t_math_s=step.t_math,
                 t_comm_s=step.t_comm, exposed_comm_s=step.exposed_comm,
                 step_time_s=step.step_time, mfu=step.mfu,
                 threshold_tokens_global=thr,

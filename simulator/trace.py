@@ -59,7 +59,7 @@ _ELEMENTWISE = {
     "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "not", "or",
     "pow", "rem", "round", "rsqrt", "select_n", "sign", "sin", "sqrt",
     "square", "stop_gradient", "sub", "tan", "tanh", "xor", "pvary"}
-_VIEW = {"reshape", "squeeze", "expand_dims", "transpose", "name",
+VIEW_OPS = {"reshape", "squeeze", "expand_dims", "transpose", "name",
          "reduce_precision", "copy", "copy_p"}
 
 
@@ -68,13 +68,13 @@ def _inner_jaxpr(eqn):
   return getattr(inner, "jaxpr", inner)
 
 
-def _spec(aval) -> tuple:
+def spec_of(aval) -> tuple:
   sharding = getattr(aval, "sharding", None)
   spec = tuple(getattr(sharding, "spec", ()))
   return spec + (None,) * (len(aval.shape) - len(spec))
 
 
-def _fusible(eqn) -> bool:
+def fusible(eqn) -> bool:
   """Elementwise, or a jitted function made only of elementwise ops; a
   reshard that moves nothing (a scalar, the same spec) is one too."""
   name = eqn.primitive.name
@@ -82,10 +82,10 @@ def _fusible(eqn) -> bool:
     return True
   if name == "reshard":
     aval = eqn.invars[0].aval
-    return not aval.shape or _spec(aval) == _spec(eqn.outvars[0].aval)
+    return not aval.shape or spec_of(aval) == spec_of(eqn.outvars[0].aval)
   inner = _inner_jaxpr(eqn) if name in ("jit", "pjit", "closed_call") else None
   return inner is not None and all(
-      _fusible(e) or e.primitive.name in _VIEW for e in inner.eqns)
+      fusible(e) or e.primitive.name in VIEW_OPS for e in inner.eqns)
 
 
 def read_inputs(jaxpr) -> list[bool]:
@@ -139,7 +139,7 @@ def fused_residuals(fn, *args) -> tuple[Residual, ...]:
 
   def root(v):  # the equation that made v, seen through views
     eqn = producer.get(v)
-    while eqn is not None and eqn.primitive.name in _VIEW:
+    while eqn is not None and eqn.primitive.name in VIEW_OPS:
       eqn = producer.get(eqn.invars[0])
     return eqn
 
@@ -150,7 +150,7 @@ def fused_residuals(fn, *args) -> tuple[Residual, ...]:
     eqn = root(v)
     if eqn is None:
       return False
-    if not _fusible(eqn):
+    if not fusible(eqn):
       return True
     return any(isinstance(u, jcore.Var) and u not in res
                and (r := root(u)) is not None
@@ -158,10 +158,10 @@ def fused_residuals(fn, *args) -> tuple[Residual, ...]:
 
   def read_as_buffer(v) -> bool:  # some consumer (through views) is not fused
     for eqn in consumers.get(v, ()):
-      if eqn.primitive.name in _VIEW:
+      if eqn.primitive.name in VIEW_OPS:
         if read_as_buffer(eqn.outvars[0]):
           return True
-      elif not _fusible(eqn):
+      elif not fusible(eqn):
         return True
     return False
 
@@ -196,7 +196,7 @@ def _what(eqn, producer=None) -> str:
   if name == "convert_element_type":
     return f"cast to {jax.numpy.dtype(eqn.params['new_dtype'])}"
   if name == "reshard":
-    before, after = (_spec(v.aval) for v in (eqn.invars[0], eqn.outvars[0]))
+    before, after = (spec_of(v.aval) for v in (eqn.invars[0], eqn.outvars[0]))
     gathered = sum(a is not None for a in after) < sum(
         b is not None for b in before)
     return "gathered copy" if gathered else "resharded copy"

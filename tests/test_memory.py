@@ -15,6 +15,8 @@ import os
 import types
 
 import flax
+import jax
+import jax.numpy as jnp
 import pytest
 
 from meshes.layout import abstract_mesh, plan_mesh
@@ -23,11 +25,12 @@ from models import scopes, transformer
 from models.config import ModelConfig
 from models.params import num_params
 from models.registry import load_model
+from models.rules import FSDP_TP
 from simulator import formulas, memory
 from simulator.batch_probe import rescale
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes
-from simulator.trace import trace
+from simulator.trace import fused_residuals, trace
 
 MiB, GiB = 2**20, 2**30
 ONE = plan_mesh(parse_topology("v5p:1x1x1"), 1, 1)
@@ -149,15 +152,18 @@ def test_gpt2_layer_residuals_vs_memory_equation():
   """
   cfg = load_model("gpt2")
   b, s, h, a = 2, 1024, cfg.d_model, cfg.n_heads
-  settings = TrainSettings(batch=b, seq=s, remat="none",
-                           attention="materialized")
-  tr = trace(cfg, settings, abstract_mesh(ONE))
-  saved = memory._saved(memory.layer_residuals(tr, "none"))
-  nbytes = [(device_bytes(r.aval), r) for r in saved]
-  quadratic = sum(n for n, r in nbytes if r.aval.shape[-2:] == (s, s))
-  weights = sum(n for n, r in nbytes if r.aval.ndim >= 2 and r.aval.shape[0] != b
-                and r.op == "reshard")
-  linear = sum(n for n, _ in nbytes) - quadratic - weights
+  block = transformer.Block(cfg, FSDP_TP, "materialized", jnp.bfloat16,
+                            jnp.float32)
+  x = jax.ShapeDtypeStruct((b, s, h), jnp.bfloat16)
+  params = jax.eval_shape(block.init, jax.random.key(0), x, None)["params"]
+  layer = [r for r in fused_residuals(
+      lambda p, x: block.apply({"params": p}, x, None)[0], params, x)
+           if not r.argument]
+  at_b = lambda r: device_bytes(r.aval)
+  quadratic = sum(at_b(r) for r in layer if r.aval.shape[-2:] == (s, s))
+  weights = sum(at_b(r) for r in layer if r.aval.ndim >= 2
+                and r.aval.shape[0] not in (1, b))  # bf16 weight casts
+  linear = sum(at_b(r) for r in layer) - quadratic - weights
   assert quadratic == 11 * b * a * s * s
   seed = formulas.activation_bytes_11bsh(b, s, h, a)
   kort = formulas.activation_bytes_korthikanti(b, s, h, a)
@@ -196,7 +202,7 @@ def test_policies_attention_loss_chunks_offload(tiny):
   est = lambda **kw: _estimate(tiny, plan, **{"batch": 4, "seq": 128, **kw})
   none, full = est(remat="none", attention="materialized"), est(remat="full")
   assert full.per_device_bytes["activations"] < none.per_device_bytes["activations"]
-  assert full.per_device_bytes["temporaries"] > none.per_device_bytes["temporaries"]
+  assert full.compiled_comparable_peak < none.compiled_comparable_peak
   names, off = est(remat="names:qkv,mlp_hidden"), est(remat="offload:qkv,mlp_hidden")
   assert off.host_bytes > 0 and names.host_bytes == 0
   assert (names.per_device_bytes["activations"] - off.per_device_bytes["activations"]
@@ -207,10 +213,13 @@ def test_policies_attention_loss_chunks_offload(tiny):
 
 
 def test_chunked_loss(tiny):
+  """A chunked loss holds one chunk's logits at a time: the loss's largest
+  live set shrinks; rescaling stays exact."""
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   est = lambda **kw: _estimate(tiny, plan, **{"batch": 4, "seq": 128, **kw})
+  loss = lambda e: max(v for k, v in e.phase_bytes.items() if "loss" in k)
   full, chunked = est(), est(loss_chunks=4)
-  assert chunked.per_device_bytes["logits"] < full.per_device_bytes["logits"]
+  assert loss(chunked) < loss(full)
   assert chunked.at_batch(8).per_device_bytes == est(
       batch=8, loss_chunks=4).per_device_bytes
 
@@ -229,97 +238,39 @@ def test_shards_and_estimate_fields(tiny):
   b = e.per_device_bytes
   assert tuple(b) == memory.CATEGORIES
   assert all(isinstance(v, int) for v in b.values())
-  # peak = compiled-comparable peak (arguments + the largest phase) + overhead.
+  # peak = compiled-comparable peak (arguments + the largest live set) +
+  # overhead; what is live at the peak sums to it.
   arguments = b["params"] + b["optimizer"] + e.batch_bytes + e.tile_padding_bytes
   assert e.arguments_bytes == arguments
-  assert e.compiled_comparable_peak == arguments + max(e.phase_bytes.values())
+  assert e.compiled_comparable_peak == max(e.phase_bytes.values())
+  assert sum(e.at_peak.values()) == e.compiled_comparable_peak
+  assert tuple(e.at_peak) == memory.PEAK_CATEGORIES
   assert b["peak"] == e.compiled_comparable_peak + b["overhead"]
   assert b["overhead"] == int(memory.OVERHEAD_FRACTION
                               * e.compiled_comparable_peak)
-  # Never more than every category live at once.
-  assert b["peak"] <= (1 + memory.OVERHEAD_FRACTION) * (
-      sum(b[c] for c in memory.CATEGORIES[:-2]) + e.tile_padding_bytes)
   assert e.fits and e.headroom_bytes == e.hbm_bytes - b["peak"]
   assert e.eta_mem == pytest.approx(b["params"] / b["peak"])
   assert math.isclose(e.hbm_bytes / GiB, 95)
 
 
-def test_liveness_peak_phases(tiny):
-  """Peak = arguments + the largest phase: the loss, the last layer's backward
-  (what only the final norm / output projection / loss saved is freed before
-  it), the embedding's backward. On a 1-D mesh the output projection's weight
-  gradient is made last, and the f32 logits live until then."""
-  for x, y, deferred in ((4, 1, True), (2, 2, False)):
+def test_peak_is_a_live_set_in_the_step(tiny):
+  """The peak is one program point of the step: where it is, what is live
+  there (summing to it), and each part's largest live set; rescaling to
+  another batch equals estimating there."""
+  for x, y in ((4, 1), (2, 2)):
     plan = plan_mesh(parse_topology("v5p-8"), x, y)
-    assert memory.defers_output_grad(plan) == deferred
     for remat in ("none", "full"):
       e = _estimate(tiny, plan, batch=8, seq=128, remat=remat)
-      b = e.per_device_bytes
-      residuals = b["activations"] - e.batch_bytes
-      top = [t for t in e.tensors if t.top_only]
-      assert top and not any(t.name.endswith(" layers") for t in top)
-      # The final norm's f32 intermediates are fused away; its output stays.
-      assert not any(t.dtype == "float32" and t.category == "activations"
-                     for t in top)
-      at_8 = lambda ts: sum(t.bytes_at(8, e.traced_batch) for t in ts)
-      role = lambda r: at_8(t for t in e.tensors if t.role == r)
-      top_bytes, lookup = at_8(top), role("lookup_grad")
-      buffer, grad = role("logits_buffer"), role("output_grad")
-      casts = b["param_casts"]  # f32 params, bf16 compute: cast once
-      assert lookup and buffer and grad and casts
-      layers = (residuals - top_bytes + b["grads"] + b["temporaries"]
-                - lookup + casts)
-      end = b["grads"] + lookup
-      if deferred:  # untied: the output projection's gradient comes last
-        expect = {"loss": residuals + casts + b["logits"] - grad,
-                  "layers_backward": layers + buffer,
-                  "embedding_backward": end + buffer,
-                  "output_projection_backward": b["grads"] + buffer + grad}
-      else:
-        expect = {"loss": residuals + casts + b["logits"],
-                  "layers_backward": layers,
-                  "embedding_backward": end}
-      assert e.phase_bytes == expect
-      # Categories that are never live together are not summed.
-      assert e.compiled_comparable_peak < (
-          b["params"] + b["optimizer"] + e.batch_bytes + e.tile_padding_bytes
-          + sum(e.phase_bytes.values()))
+      assert e.peak_where and e.peak_buffers
+      assert sum(e.at_peak.values()) == e.compiled_comparable_peak
+      assert sum(x.bytes for x in e.peak_buffers) <= (
+          e.compiled_comparable_peak - e.arguments_bytes)
+      parts = set(e.phase_bytes)
+      assert {"forward Decoder/layers", "backward Decoder/layers",
+              "forward Decoder/loss", "update"} <= parts, parts
       again = e.at_batch(16)
       assert again.compiled_comparable_peak == _estimate(
           tiny, plan, batch=16, seq=128, remat=remat).compiled_comparable_peak
-
-
-def test_tied_embeddings_sum_both_table_gradients(tiny):
-  """Tied embeddings: the output projection's gradient and the lookup's are
-  summed into one table gradient, so on a deferring (1-D) mesh they are live
-  together at the end; there is no separate output-projection phase."""
-  tied = dataclasses.replace(tiny, tie_embeddings=True)
-  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
-  e = _estimate(tied, plan, batch=8, seq=128)
-  at_8 = lambda r: sum(t.bytes_at(8, e.traced_batch) for t in e.tensors
-                       if t.role == r)
-  grad, lookup = at_8("tied_output_grad"), at_8("lookup_grad")
-  assert grad and lookup and not at_8("output_grad")
-  assert set(e.phase_bytes) == {"loss", "layers_backward",
-                                "embedding_backward"}
-  assert e.phase_bytes["embedding_backward"] == (
-      e.per_device_bytes["grads"] + lookup + at_8("logits_buffer") + grad)
-
-
-def test_loss_keeps_one_f32_logits_buffer(tiny):
-  """XLA materializes the f32 logits once (d(logits) in place, exp and the
-  one-hot mask fused): one logits-shaped buffer, plus the output weight's
-  f32 gradient in the compute layout."""
-  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
-  e = _estimate(tiny, plan, batch=8, seq=128)
-  v, d = tiny.vocab_size, tiny.d_model
-  logits = [t for t in e.tensors if t.category == "logits"]
-  at_8 = lambda t: (rescale(t.shape, 8, e.traced_batch),
-                    t.bytes_at(8, e.traced_batch))
-  full = [t for t in logits if at_8(t)[0] == (2, 128, v) and t.linear]
-  assert len(full) == 1 and at_8(full[0])[1] == 2 * 128 * v * 4
-  weight = [t for t in logits if "weight gradient" in t.name]
-  assert [t.fixed for t in weight] == [d * v * 4]
 
 
 @pytest.mark.parametrize("shape,dtype,expected", [
@@ -396,7 +347,6 @@ def test_estimate_does_not_depend_on_install_location(tiny, remat,
   out = {}
   for user in (True, False):
     with _flax_frames(user):
-      memory._LAYER_CACHE.clear()
       frame = _layer_scan_frame(tiny, settings, plan)
       out[user] = (frame, memory.to_json(
           memory.memory_report(tiny, settings, plan)))
@@ -406,10 +356,10 @@ def test_estimate_does_not_depend_on_install_location(tiny, remat,
   assert out[True][1]["per_device_bytes"]["activations"] > 0
 
 
-def test_missing_layer_stack_is_an_error(tiny, monkeypatch):
-  """A model that does not run its layers under the LAYERS scope gets a
-  clear error, not a silently wrong peak."""
+def test_missing_loss_scope_is_an_error(tiny, monkeypatch):
+  """A model that does not run its loss under the LOSS scope gets a clear
+  error, not a silently wrong peak."""
   monkeypatch.setattr(transformer, "scopes", types.SimpleNamespace(
-      LAYERS="elsewhere", LOSS=scopes.LOSS))
-  with pytest.raises(ValueError, match="no layer stack"):
+      LAYERS=scopes.LAYERS, LOSS="elsewhere"))
+  with pytest.raises(ValueError, match="no loss scope"):
     _estimate(tiny)

@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KEYS = {"params", "grads", "optimizer", "activations", "logits", "temporaries",
-        "param_casts", "overhead", "peak"}
+KEYS = {"params", "grads", "optimizer", "activations", "overhead", "peak"}
+AT_PEAK = {"params", "optimizer", "batch", "tile_padding", "grads",
+           "activations", "logits", "temporaries"}
 
 
 def _run(*args):
@@ -30,9 +31,18 @@ def test_json_schema_and_text():
                     ("eta_mem", float), ("headroom_bytes", int)):
     assert type(data[key]) is kind
   assert data["host_bytes"] > 0
+  assert data["schema_version"] == 2 and set(data["at_peak"]) == AT_PEAK
+  assert sum(data["at_peak"].values()) == data["compiled_comparable_peak"]
+  assert data["per_device_bytes"]["peak"] == (
+      data["compiled_comparable_peak"] + data["per_device_bytes"]["overhead"])
+  assert data["peak_where"] and data["peak_buffers"]
+  assert {"name", "shape", "dtype", "bytes", "category"} <= set(
+      data["peak_buffers"][0])
   text = _run(*common)
   assert text.returncode == 0, text.stderr
-  assert "GiB" in text.stdout and "% HBM" in text.stdout and "peak" in text.stdout
+  assert "GiB" in text.stdout and "% HBM" in text.stdout
+  assert f"the live set at {data['peak_where']}" in text.stdout
+  assert "with the 10% planning overhead" in text.stdout
 
 
 def test_bad_flags_one_line_exit_2():

@@ -31,7 +31,7 @@ def test_mesh_whose_y_does_not_divide_kv_heads_fails_and_sweep_goes_on(swept):
   _, records = swept
   bad = [r for r in records if r["Y"] > 2]  # tiny has 2 kv heads
   assert bad and all(r["status"] == "failed" for r in bad)
-  assert "does not divide" in bad[0]["error"]
+  assert "divides neither" in bad[0]["error"]
   assert any(r["status"] == "ok" for r in records)
 
 

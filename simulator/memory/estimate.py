@@ -1,0 +1,370 @@
+"""Per-device HBM of one plan, read off the traced program (no hand formula).
+
+Two views of the same traced step:
+
+The step's tensors, by category (`per_device_bytes`): every figure is a
+traced shape times its NamedSharding's per-device shape
+(`sharding.shard_shape`) times the dtype's itemsize.
+  params       step.params (stored layout: X-sharded under zero3, TP over Y);
+  grads        step.grads (after reduce-scatter: X-sharded under zero2/3);
+  optimizer    jax.eval_shape(tx.init) of the real optax optimizer (moments,
+               Adafactor factors, master copy, counters);
+  activations  what the backward pass keeps (the residuals JAX saves under
+               the remat policy, scan-stacked over layers, those XLA fuses
+               away left out: simulator.trace.fused_residuals) and the batch;
+               offloaded residuals are `host_bytes`, not HBM.
+An argument the step never reads (Adafactor's placeholder moments) is left
+out, as jit drops it; on TPU each argument is counted in its tiled layout
+(simulator.memory.tiling), so the arguments equal the compiler's.
+
+The peak (`compiled_comparable_peak`): the arguments, live throughout, plus
+the largest transient live set of a heap simulation of the whole traced step
+(simulator.memory.liveness, with XLA's behaviours as the named rules of
+simulator.memory.xla_rules). `peak_where` says where in the program it is,
+`at_peak` what is live there by category (it sums to the peak), and
+`phase_bytes` the largest live set of each part of the step (forward,
+loss, backward, update, by named scope). It is the figure held against
+XLA's `peak_memory_in_bytes`.
+
+  overhead     OVERHEAD_FRACTION of the compiled-comparable peak: runtime and
+               allocator fragmentation, which XLA's static figure does not
+               contain; for planning only.
+  peak         compiled_comparable_peak + overhead: what `fits`, the headroom
+               and eta_mem use.
+
+Batch rescaling: every value's bytes are either fixed or linear in the
+global batch at a fixed mesh. The step is traced once, at the probe batch
+(simulator.batch_probe), which tells the two apart by shape;
+`estimate.at_batch(b)` is exact for any b the mesh divides, without
+retracing (`memory_report` does both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from meshes.layout import MeshPlan, abstract_mesh
+from models import scopes
+from models.config import ModelConfig
+from simulator.batch_probe import carries_batch, require_probe, rescale
+from simulator.memory import liveness, xla_rules
+from simulator.memory.tiling import tpu_tiled_bytes
+from simulator.settings import TrainSettings
+from simulator.step import device_bytes, device_shape
+from simulator.trace import Residual, Traced, read_inputs, trace_probe
+
+# Runtime and fragmentation overhead as a fraction of the compiled-comparable
+# peak. Seed 001 gives 5-20% ("typically"), and its worked estimator uses 10%;
+# XLA's compiled peak contains none of it, so it is reported apart (the
+# `overhead` category, inside `peak`) and left out of the compared figure.
+# A named, documented default rather than a measured figure.
+OVERHEAD_FRACTION = 0.10
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "overhead",
+              "peak")
+# What is live at the peak; these sum to compiled_comparable_peak.
+PEAK_CATEGORIES = ("params", "optimizer", "batch", "tile_padding", "grads",
+                   "activations", "logits", "temporaries")
+TOP_CONTRIBUTORS = 5
+PEAK_BUFFERS = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+  """One accounted value: bytes = fixed + linear * (batch / traced batch)."""
+
+  category: str  # a CATEGORIES entry, "host", "padding" or "batch_padding"
+  name: str
+  shape: tuple[int, ...]  # per device, at the traced batch
+  dtype: str
+  fixed: int
+  linear: int
+
+  def bytes_at(self, scale_num: int, scale_den: int) -> int:
+    return self.fixed + self.linear * scale_num // scale_den
+
+
+@dataclasses.dataclass(frozen=True)
+class Contributor:
+  name: str
+  shape: tuple[int, ...]  # per device
+  dtype: str
+  bytes: int
+  category: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+  """Per-device bytes (ints); see the module docstring."""
+
+  per_device_bytes: dict[str, int]  # the step's tensors, overhead, peak
+  host_bytes: int  # offloaded residuals in pinned host memory, per device
+  hbm_bytes: int  # the chip's (user-allocatable) HBM
+  fits: bool
+  headroom_bytes: int  # hbm_bytes - peak (negative: does not fit)
+  eta_mem: float  # param bytes / peak
+  batch_bytes: int  # the batch arguments, inside `activations`
+  contributors: dict[str, tuple[Contributor, ...]]  # top tensors per category
+  batch: int  # global batch in sequences
+  batch_shards: int  # per-device batch = batch / this
+  arguments_bytes: int  # params + optimizer + batch + tile padding
+  tile_padding_bytes: int  # TPU tile padding of the arguments
+  compiled_comparable_peak: int  # peak - overhead: what XLA's peak is
+  at_peak: dict[str, int]  # what is live at the peak, by PEAK_CATEGORIES
+  peak_where: str  # the program point of the peak
+  peak_buffers: tuple[Contributor, ...]  # the largest transients live there
+  phase_bytes: dict[str, int]  # the largest live set of each part
+  traced_batch: int  # the batch `tensors` were traced at (the probe)
+  tensors: tuple[Tensor, ...] = dataclasses.field(repr=False, default=())
+  points: liveness.Points | None = dataclasses.field(repr=False,
+                                                     default=None)
+
+  def at_batch(self, batch: int) -> "MemoryEstimate":
+    """The same mesh and program at another global batch, without retracing."""
+    if not isinstance(batch, int) or batch <= 0 or batch % self.batch_shards:
+      raise ValueError(f"batch={batch!r} must be a positive multiple of "
+                       f"{self.batch_shards} (the batch's shards)")
+    return _assemble(self.tensors, self.points, batch, self.traced_batch,
+                     self.hbm_bytes, self.batch_shards)
+
+
+# --------------------------------------------------------------------------
+# The step's tensors.
+# --------------------------------------------------------------------------
+
+
+def _on_host(aval) -> bool:
+  space = getattr(aval, "memory_space", None)
+  return space is not None and "host" in str(space).lower()
+
+
+def _leaves_with_names(tree, prefix: str) -> list[tuple[str, Any]]:
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return [(prefix + jax.tree_util.keystr(path, simple=True, separator="/"),
+           leaf) for path, leaf in flat if hasattr(leaf, "shape")]
+
+
+def _split(category: str, name: str, aval) -> Tensor:
+  """A value of the probe-batch trace: all fixed or all linear bytes."""
+  shape, nbytes = device_shape(aval), device_bytes(aval)
+  linear = carries_batch(shape)
+  return Tensor(category, name, shape, str(aval.dtype),
+                0 if linear else nbytes, nbytes if linear else 0)
+
+
+def _padding_tensor(name: str, leaf, tiled: bool, batch: bool = False
+                    ) -> Tensor:
+  """The tile padding of one argument (0 off TPU). A batch argument's
+  padding is not affine in the batch (its per-device batch dim is rounded
+  to a tile): "batch_padding" is recomputed from its shape at every batch."""
+  shape = device_shape(leaf)
+  if batch:
+    return Tensor("batch_padding" if tiled else "padding",
+                  f"{name} tile padding", shape, str(leaf.dtype), 0, 0)
+  pad = tpu_tiled_bytes(shape, leaf.dtype) - device_bytes(leaf) if tiled else 0
+  return Tensor("padding", f"{name} tile padding", shape, str(leaf.dtype),
+                pad, 0)
+
+
+def _batch_padding(t: Tensor, batch: int, traced_batch: int) -> int:
+  shape = rescale(t.shape, batch, traced_batch)
+  return (tpu_tiled_bytes(shape, t.dtype)
+          - math.prod(shape) * jnp.dtype(t.dtype).itemsize)
+
+
+def _state_tensors(traced: Traced, tiled: bool) -> list[Tensor]:
+  """Params, grads, optimizer state and batch; an argument the step never
+  reads (Adafactor's placeholder moments) is dropped by jit and left out."""
+  step = traced.step
+  reads = read_inputs(traced.jaxpr)  # params, opt_state, batch leaves in order
+  n_params = len(jax.tree.leaves(step.params))
+  read = {"params": reads[:n_params], "grads": itertools.repeat(True),
+          "optimizer": reads[n_params:]}
+  out = []
+  for category, tree, prefix in (("params", step.params, "params/"),
+                                 ("grads", step.grads, "grads/"),
+                                 ("optimizer", step.opt_state, "opt_state")):
+    for (name, leaf), kept in zip(_leaves_with_names(tree, prefix),
+                                  read[category]):
+      if not kept:
+        continue
+      out.append(Tensor(category, name, device_shape(leaf),
+                        str(leaf.dtype), device_bytes(leaf), 0))
+      if category != "grads":  # arguments only
+        out.append(_padding_tensor(name, leaf, tiled))
+  for name, leaf in _leaves_with_names(step.batch, "batch/"):
+    out.append(_split("batch", f"{name} (argument)", leaf))
+    out.append(_padding_tensor(name, leaf, tiled, batch=True))
+  return out
+
+
+def _saved_tensors(residuals: tuple[Residual, ...]) -> list[Tensor]:
+  """What the backward keeps: residuals not fused away and not arguments
+  (params and batch are counted as such); offloaded ones on the host."""
+  return [_split("host" if _on_host(r.aval) else "activations", r.name,
+                 r.aval) for r in residuals if not r.argument and not r.fused]
+
+
+# --------------------------------------------------------------------------
+# The estimate.
+# --------------------------------------------------------------------------
+
+
+def _require_loss(jaxpr) -> None:
+  """The deferred-output-gradient rule finds the loss by its named scope."""
+  if not any(scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)
+             for e in jaxpr.jaxpr.eqns):
+    raise ValueError(
+        "the traced step has no loss scope: the memory model needs the "
+        f"model's loss under jax.named_scope({scopes.LOSS!r}) (see "
+        "models.scopes)")
+
+
+def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
+  """The estimate for the step traced at the probe batch
+  (simulator.trace.trace_probe) on `plan`'s chip, at that batch: call
+  `at_batch` for a real one."""
+  step = traced.step
+  batch = step.batch["inputs"].shape[0]
+  require_probe(batch, plan.X * plan.Y, "estimate_memory")
+  _require_loss(traced.jaxpr)
+  per_device_batch = device_shape(step.batch["inputs"])[0]
+  tiled = plan.topology.chip.kind == "tpu"
+  tensors = _state_tensors(traced, tiled) + _saved_tensors(traced.residuals)
+  donated = len(jax.tree.leaves(step.params)) + len(
+      jax.tree.leaves(step.opt_state))
+  points = liveness.simulate(traced.jaxpr, donated,
+                             xla_rules.defers_output_grad(plan))
+  return _assemble(tuple(tensors), points, batch, batch,
+                   plan.topology.chip.hbm_bytes, batch // per_device_batch)
+
+
+def _peak_category(b: liveness.LiveBuffer) -> str:
+  """What a transient buffer live at the peak is, by structure."""
+  linear = bool(b.bytes[1])
+  if b.hoisted:
+    return "temporaries"
+  if linear and scopes.LOSS in b.scopes:
+    return "logits"
+  if b.backward:
+    return "temporaries" if linear else "grads"
+  return "activations" if linear else "temporaries"
+
+
+def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
+              batch: int, traced_batch: int, hbm_bytes: int,
+              shards: int) -> MemoryEstimate:
+  totals = {c: 0 for c in CATEGORIES}
+  at_peak = {c: 0 for c in PEAK_CATEGORIES}
+  host = 0
+  by_category: dict[str, list[Contributor]] = {}
+  for t in tensors:
+    b = t.bytes_at(batch, traced_batch)
+    category = t.category
+    if category == "batch_padding":
+      b, category = _batch_padding(t, batch, traced_batch), "padding"
+    if category == "host":
+      host += b
+    elif category in ("padding", "batch"):
+      at_peak["tile_padding" if category == "padding" else "batch"] += b
+      if category == "batch":
+        totals["activations"] += b
+    else:
+      totals[category] += b
+      if category in ("params", "optimizer"):
+        at_peak[category] += b  # arguments: live throughout
+    if b and category != "padding":
+      by_category.setdefault(category, []).append(
+          Contributor(t.name, rescale(t.shape, batch, traced_batch), t.dtype,
+                      b, category))
+  arguments = sum(at_peak[c] for c in ("params", "optimizer", "batch",
+                                       "tile_padding"))
+  transient, index = points.peak_at(batch, traced_batch)
+  live = []
+  for buf in points.live(index) if index >= 0 else ():
+    b = buf.bytes[0] + buf.bytes[1] * batch // traced_batch
+    category = _peak_category(buf)
+    at_peak[category] += b
+    live.append(Contributor(buf.where, rescale(buf.shape, batch,
+                                                traced_batch),
+                            buf.dtype, b, category))
+  comparable = arguments + transient
+  totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
+  totals["peak"] = peak = comparable + totals["overhead"]
+  phases = {part: arguments + v for part, v in
+            points.part_peaks(batch, traced_batch).items()}
+  by_size = lambda xs: tuple(sorted(xs, key=lambda x: -x.bytes))
+  return MemoryEstimate(
+      per_device_bytes=totals, host_bytes=host, hbm_bytes=hbm_bytes,
+      fits=peak <= hbm_bytes, headroom_bytes=hbm_bytes - peak,
+      eta_mem=totals["params"] / peak if peak else 0.0,
+      batch_bytes=at_peak["batch"],
+      contributors={c: by_size(v)[:TOP_CONTRIBUTORS]
+                    for c, v in by_category.items()},
+      batch=batch, batch_shards=shards, arguments_bytes=arguments,
+      tile_padding_bytes=at_peak["tile_padding"],
+      compiled_comparable_peak=comparable, at_peak=at_peak,
+      peak_where=points.where[index] if index >= 0 else "nothing transient",
+      peak_buffers=by_size(live)[:PEAK_BUFFERS], phase_bytes=phases,
+      traced_batch=traced_batch, tensors=tensors, points=points)
+
+
+def memory_report(cfg: ModelConfig, settings: TrainSettings,
+                  plan: MeshPlan) -> MemoryEstimate:
+  """Trace the step under `plan`'s abstract mesh and estimate its memory."""
+  traced = trace_probe(cfg, settings, abstract_mesh(plan))
+  return estimate_memory(traced, plan).at_batch(settings.batch)
+
+
+SCHEMA_VERSION = 2
+
+
+def _contributors(xs) -> list[dict]:
+  return [{"name": x.name, "shape": list(x.shape), "dtype": x.dtype,
+           "bytes": int(x.bytes), **({"category": x.category}
+                                     if x.category else {})} for x in xs]
+
+
+def to_json(estimate: MemoryEstimate) -> dict:
+  """The stable JSON schema (all bytes are ints, per device):
+
+  {"schema_version": 2,
+   "per_device_bytes": {"params", "grads", "optimizer", "activations",
+                        "overhead", "peak"},
+   "compiled_comparable_peak": int, "peak_where": str,
+   "at_peak": {PEAK_CATEGORIES}: sums to compiled_comparable_peak,
+   "peak_buffers": [{"name", "shape", "dtype", "bytes", "category"}, ...],
+   "phase_bytes": {part of the step: its largest live set},
+   "host_bytes", "hbm_bytes", "headroom_bytes", "fits", "eta_mem", "batch",
+   "batch_bytes", "overhead_fraction", "arguments_bytes",
+   "tile_padding_bytes",
+   "contributors": {category: [{"name", "shape", "dtype", "bytes"}, ...]}}
+  """
+  return {
+      "schema_version": SCHEMA_VERSION,
+      "per_device_bytes": {c: int(estimate.per_device_bytes[c])
+                           for c in CATEGORIES},
+      "compiled_comparable_peak": int(estimate.compiled_comparable_peak),
+      "peak_where": estimate.peak_where,
+      "at_peak": {c: int(v) for c, v in estimate.at_peak.items()},
+      "peak_buffers": _contributors(estimate.peak_buffers),
+      "phase_bytes": {k: int(v) for k, v in estimate.phase_bytes.items()},
+      "host_bytes": int(estimate.host_bytes),
+      "hbm_bytes": int(estimate.hbm_bytes),
+      "headroom_bytes": int(estimate.headroom_bytes),
+      "fits": bool(estimate.fits),
+      "eta_mem": float(estimate.eta_mem),
+      "batch": int(estimate.batch),
+      "batch_bytes": int(estimate.batch_bytes),
+      "overhead_fraction": OVERHEAD_FRACTION,
+      "arguments_bytes": int(estimate.arguments_bytes),
+      "tile_padding_bytes": int(estimate.tile_padding_bytes),
+      "contributors": {c: _contributors(v)
+                       for c, v in estimate.contributors.items()},
+  }

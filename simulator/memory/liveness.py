@@ -1,0 +1,369 @@
+"""The step's live set in program order: a heap simulation of the traced jaxpr.
+
+Every value the step makes is a buffer from the equation that makes it to
+the last equation that reads it; the step's arguments are live throughout
+(the caller adds them). Loops and calls nest: a scan allocates its stacked
+outputs whole before its first iteration, its per-iteration inputs are
+slices (views) of the stacked operands, its per-iteration outputs are
+written in place into the stacked buffers, and its body's own values are
+transient within one iteration; a jit, checkpoint, custom_vjp or shard_map
+body's values are transient within the call. The updated params and
+optimizer state are written into their donated argument buffers. Where XLA
+holds a value differently, a rule of simulator.memory.xla_rules says so.
+
+The transient peak is the largest live set over program points, as XLA's
+heap simulator computes it over its schedule. Sizes are per device
+(`sharding.shard_shape`), split into fixed and batch-linear bytes by the
+probe batch (simulator.batch_probe), so the peak at any batch is the
+maximum over points of fixed + linear * scale, without retracing; only the
+points that can be that maximum for some batch are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable
+
+import numpy as np
+from jax.extend import core as jcore
+
+from models.scopes import scopes_of
+from simulator.batch_probe import carries_batch
+from simulator.memory import xla_rules
+
+Bytes = tuple[int, int]  # (fixed, linear at the traced batch)
+
+
+def _nbytes(aval, local: bool) -> Bytes:
+  shape = xla_rules.shape_of(aval, local)
+  n = math.prod(shape) * np.dtype(aval.dtype).itemsize
+  return (0, n) if carries_batch(shape) else (n, 0)
+
+
+def _add(a: Bytes, b: Bytes) -> Bytes:
+  return a[0] + b[0], a[1] + b[1]
+
+
+def _sub(a: Bytes, b: Bytes) -> Bytes:
+  return a[0] - b[0], a[1] - b[1]
+
+
+def _prune(points: list[tuple]) -> list[tuple]:
+  """The points (fixed, linear, ...) that are the maximum of fixed + linear
+  * s for some s >= 0: the upper convex hull of (linear, fixed) from the
+  largest fixed onwards."""
+  if len(points) <= 1:
+    return points
+  best: dict[int, tuple] = {}
+  for p in points:  # per linear value, the largest fixed
+    if p[1] not in best or p[0] > best[p[1]][0]:
+      best[p[1]] = p
+  first = max(best.values(), key=lambda p: (p[0], p[1]))
+  hull: list[tuple] = []
+  for p in sorted((p for p in best.values() if p[1] >= first[1]),
+                  key=lambda p: p[1]):
+    while len(hull) >= 2:
+      (f1, l1, *_), (f2, l2, *_) = hull[-2], hull[-1]
+      if (f2 - f1) * (p[1] - l1) <= (p[0] - f1) * (l2 - l1):
+        hull.pop()  # on or below the segment from hull[-2] to p
+      else:
+        break
+    hull.append(p)
+  return hull
+
+
+def _where(eqn) -> str:
+  """'backward Decoder/layers: scan': the pass, the named scopes, the op."""
+  stack = str(eqn.source_info.name_stack)
+  stage = ("backward " if "transpose(" in stack else
+           "forward " if "jvp(" in stack else "")
+  where = "/".join(scopes_of(stack))
+  return f"{stage}{where}: {eqn.primitive.name}" if where else (
+      f"{stage}{eqn.primitive.name}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveBuffer:
+  """One buffer live at a point."""
+
+  where: str  # the equation that made it, by scope ("blocks/mlp: mul")
+  shape: tuple[int, ...]  # per device
+  dtype: str
+  bytes: Bytes
+  scopes: tuple[str, ...]  # the named scopes it was made under
+  backward: bool  # made by the backward pass (a transpose)
+  hoisted: bool = False  # a weight stack made outside its loop
+
+
+@dataclasses.dataclass
+class _Plan:
+  """One jaxpr's buffers: each value's bytes (0: no buffer of its own), the
+  values freed after each equation, the values whose buffer another takes
+  over (in place), and the hoisted weight casts of its loops."""
+
+  jaxpr: object
+  size: dict
+  frees: dict
+  reuses: dict
+  stacks: dict
+
+
+def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set) -> _Plan:
+  in_place = set(in_place_out)
+  eqns = jaxpr.eqns
+  n = len(eqns)
+  consumers: dict = {}
+  last = {v: n for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+  for i, eqn in enumerate(eqns):
+    for v in eqn.invars:
+      if isinstance(v, jcore.Var):
+        consumers.setdefault(v, []).append(eqn)
+        last[v] = max(last.get(v, -1), i)
+  outs = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+
+  def readers(v) -> Iterable:  # through views
+    for c in consumers.get(v, ()):
+      if xla_rules.is_view(c):
+        for w in c.outvars:
+          if w in outs:
+            yield c
+          yield from readers(w)
+      else:
+        yield c
+
+  size: dict = {}
+  for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
+    eqn = eqns[i]
+    for v in eqn.outvars:
+      fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or (
+          v not in outs and xla_rules.fused_away(
+              eqn, v, consumers.get(v, []), list(readers(v)), local)))
+      if fused or v in in_place:
+        size[v] = (0, 0)
+        end = last.get(v, i)
+        for u in eqn.invars:
+          if isinstance(u, jcore.Var) and last.get(u, -1) < end:
+            last[u] = end
+      else:
+        size[v] = _nbytes(v.aval, local)
+  producer = {v: eqn for eqn in eqns for v in eqn.outvars}
+
+  def buffers_read(v, seen) -> Iterable:
+    """The buffers a fusion reads through its operand v."""
+    if not isinstance(v, jcore.Var) or v in seen:
+      return
+    seen.add(v)
+    eqn = producer.get(v)
+    if eqn is None or size[v] != (0, 0) or v in in_place:
+      yield v
+      return
+    for u in eqn.invars:
+      yield from buffers_read(u, seen)
+
+  reuses: dict = {}  # the in-place rule
+  taken: set = set()
+  for i, eqn in enumerate(eqns):
+    if not xla_rules.loop_fusible(eqn):
+      continue
+    for v in eqn.outvars:
+      if size[v] == (0, 0):
+        continue
+      seen: set = set()
+      for u in (b for w in eqn.invars for b in buffers_read(w, seen)):
+        if (u in size and u not in taken and size[u] == size[v]
+            and last.get(u) == i):
+          reuses[v] = u
+          taken.add(u)
+          break
+  frees: dict[int, list] = {}
+  for v, i in last.items():
+    if v in size and v not in taken and size[v] != (0, 0):
+      frees.setdefault(i, []).append(v)
+  stacks, _ = xla_rules.hoisted_stacks(jaxpr, local)
+  return _Plan(jaxpr, size, frees, reuses, stacks)
+
+
+class _Simulation:
+  """One walk of a jaxpr and everything it calls. A point is (fixed, linear,
+  where, path): path indexes the equations from the top jaxpr down."""
+
+  def __init__(self):
+    self.plans: dict = {}
+    self.points: dict = {}
+    self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
+
+  def plan(self, jaxpr, local: bool, in_place_out) -> _Plan:
+    key = (id(jaxpr), local, tuple(map(id, in_place_out)))
+    if key not in self.plans:
+      self.hoisted |= xla_rules.hoisted_stacks(jaxpr, local)[1]
+      self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted)
+    return self.plans[key]
+
+  @staticmethod
+  def _walk(plan: _Plan) -> Iterable[tuple[int, Bytes, list]]:
+    """(index, live bytes before it, values live before it) per equation;
+    a hoisted cast stack is live from its first loop to its last."""
+    live: Bytes = (0, 0)
+    values: list = []
+    starts: dict = {}
+    ends: dict = {}
+    for key, (first, last, _) in plan.stacks.items():
+      starts.setdefault(first, []).append(key)
+      ends.setdefault(last, []).append(key)
+    for i, eqn in enumerate(plan.jaxpr.eqns):
+      for key in starts.get(i, ()):
+        live = _add(live, plan.stacks[key][2])
+        values.append(key)
+      yield i, live, values
+      for v in eqn.outvars:
+        if v in plan.reuses:  # takes over a dying buffer of its size
+          values[values.index(plan.reuses[v])] = v
+        elif plan.size[v] != (0, 0):
+          live = _add(live, plan.size[v])
+          values.append(v)
+      for v in plan.frees.get(i, ()):
+        live = _sub(live, plan.size[v])
+        values.remove(v)
+      for key in ends.get(i, ()):
+        live = _sub(live, plan.stacks[key][2])
+        values.remove(key)
+
+  def transient(self, jaxpr, local: bool = False, in_place_out=(),
+                prune: bool = True) -> list[tuple]:
+    """Live bytes of the values `jaxpr` makes, at each of its points that
+    can be its peak (every equation's, unless `prune`), not counting its
+    inputs (the caller holds them) nor the outputs in `in_place_out`
+    (written into the caller's buffers)."""
+    plan = self.plan(jaxpr, local, in_place_out)
+    if id(plan) in self.points:
+      return self.points[id(plan)]
+    points = []
+    for i, live, _ in self._walk(plan):
+      eqn = jaxpr.eqns[i]
+      at = live
+      for v in eqn.outvars:
+        if v not in plan.reuses:
+          at = _add(at, plan.size[v])
+      inner = []
+      for k, (sub, sub_local, in_place) in enumerate(
+          xla_rules.calls(eqn, local)):
+        inner += [(f, l, w, (k, *path)) for f, l, w, path in
+                  self.transient(sub, sub_local, in_place)]
+      where = _where(eqn)
+      if inner:
+        points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path))
+                   for f, l, w, path in _prune(inner)]
+      else:
+        points.append((*at, where, (i,)))
+    result = _prune(points) if prune else points
+    self.points[id(plan)] = result
+    return result
+
+  def live_at(self, jaxpr, path: tuple, local: bool = False, in_place_out=(),
+              backward: bool = False) -> list[LiveBuffer]:
+    """The buffers live at the point `path`."""
+    plan = self.plan(jaxpr, local, in_place_out)
+    target, rest = path[0], path[1:]
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+
+    def buffer(v, eqn) -> LiveBuffer:
+      back = backward or "transpose(" in str(eqn.source_info.name_stack)
+      return LiveBuffer(_where(eqn), xla_rules.shape_of(v.aval, local),
+                        str(v.aval.dtype), plan.size[v],
+                        scopes_of(eqn.source_info.name_stack), back)
+
+    for i, _, values in self._walk(plan):
+      if i != target:
+        continue
+      eqn = jaxpr.eqns[i]
+      out = []
+      for v in values:
+        if v in plan.stacks:  # (stacked weight, dtype, rule)
+          stack, dtype, rule = v
+          what = (f"cast to {dtype}" if rule == "cast" else
+                  "copied to the transposed layout")
+          out.append(LiveBuffer(
+              f"{stack.aval.str_short()} {what} outside its loop",
+              xla_rules.shape_of(stack.aval, local), str(dtype),
+              plan.stacks[v][2], (), False, hoisted=True))
+        else:
+          out.append(buffer(v, producer[v]))
+      out += [buffer(v, eqn) for v in eqn.outvars
+              if v not in plan.reuses and plan.size[v] != (0, 0)]
+      if rest:
+        sub, sub_local, in_place = xla_rules.calls(eqn, local)[rest[0]]
+        back = backward or "transpose(" in str(eqn.source_info.name_stack)
+        out += [dataclasses.replace(b, where=f"{_where(eqn)} > {b.where}")
+                for b in self.live_at(sub, rest[1:], sub_local, in_place,
+                                      back)]
+      return out
+    raise ValueError(f"no program point {path}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Points:
+  """The step's transient live bytes at each of its top-level equations'
+  points that can be the peak at some batch, where each is, and (on demand)
+  what is live there."""
+
+  fixed: np.ndarray
+  linear: np.ndarray
+  where: tuple[str, ...]
+  paths: tuple[tuple, ...]
+  part: np.ndarray  # each point's index into `parts`
+  parts: tuple[str, ...]  # the step's parts: top-level pass and scope
+  _sim: _Simulation = dataclasses.field(repr=False, compare=False)
+  _jaxpr: object = dataclasses.field(repr=False, compare=False)
+  _in_place: tuple = dataclasses.field(repr=False, compare=False)
+  _live: dict = dataclasses.field(repr=False, compare=False,
+                                  default_factory=dict)
+
+  def peak_at(self, num: int, den: int) -> tuple[int, int]:
+    """(bytes, point index) of the largest point at batch scale num/den."""
+    if not len(self.where):
+      return 0, -1
+    values = self.fixed + (self.linear * num) // den
+    i = int(np.argmax(values))
+    return int(values[i]), i
+
+  def part_peaks(self, num: int, den: int) -> dict[str, int]:
+    """The largest transient live bytes of each part of the step."""
+    values = self.fixed + (self.linear * num) // den
+    out = np.full(len(self.parts), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(out, self.part, values)
+    return {name: int(v) for name, v in zip(self.parts, out)}
+
+  def live(self, index: int) -> list[LiveBuffer]:
+    """The buffers live at point `index` (walked once, then kept)."""
+    if index not in self._live:
+      self._live[index] = self._sim.live_at(self._jaxpr, self.paths[index],
+                                            in_place_out=self._in_place)
+    return self._live[index]
+
+
+def simulate(jaxpr, donated_outputs: int, defer_output_grad: bool = False
+             ) -> Points:
+  """The heap simulation of the whole step. The first `donated_outputs`
+  outputs are written into donated argument buffers; `defer_output_grad`
+  applies xla_rules' deferred-output-gradient rule."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  if defer_output_grad:
+    jaxpr = xla_rules.defer_output_grad(jaxpr)
+  sim = _Simulation()
+  in_place = tuple(jaxpr.outvars[:donated_outputs])
+  points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
+  names = [_part(p[2]) for p in points]
+  parts = tuple(dict.fromkeys(names))
+  return Points(np.array([p[0] for p in points], dtype=np.int64),
+                np.array([p[1] for p in points], dtype=np.int64),
+                tuple(p[2] for p in points), tuple(p[3] for p in points),
+                np.array([parts.index(n) for n in names], dtype=np.int64),
+                parts, sim, jaxpr, in_place)
+
+
+def _part(where: str) -> str:
+  """The part of the step a point is in: its top-level equation's pass and
+  scope ('backward Decoder/layers'); the optimizer update has neither."""
+  top = where.split(" > ")[0]
+  return top.rsplit(": ", 1)[0] if ": " in top else "update"

@@ -1,0 +1,85 @@
+"""simulator.memory.liveness: live ranges in program order, on small
+programs whose buffers can be counted by hand (no mesh: per-device shapes
+are the shapes; f32 unless said)."""
+
+import random
+
+import jax
+import jax.numpy as jnp
+
+from simulator.memory import liveness
+
+F32 = 4
+
+
+def _peak(fn, *args, donated: int = 0) -> int:
+  points = liveness.simulate(jax.make_jaxpr(fn)(*args), donated)
+  return points.peak_at(1, 1)[0]
+
+
+def test_a_value_lives_from_its_equation_to_its_last_reader():
+  """h = x@w1 (8x32) is live while y = h@w2 (8x16) is made: 8*32 + 8*16
+  floats; the arguments are not transient."""
+  x, w1, w2 = jnp.ones((8, 64)), jnp.ones((64, 32)), jnp.ones((32, 16))
+  assert _peak(lambda x, a, b: jnp.sum((x @ a) @ b), x, w1, w2) == (
+      (8 * 32 + 8 * 16) * F32)
+
+
+def test_an_elementwise_chain_into_a_reduction_is_fused():
+  """exp(h) * 2 is computed inside the row sum's fusion: only h and the
+  sum's output are buffers."""
+  x, w = jnp.ones((8, 64)), jnp.ones((64, 32))
+  got = _peak(lambda x, w: jnp.sum(jnp.exp(x @ w) * 2.0, axis=1), x, w)
+  assert got == (8 * 32 + 8) * F32
+
+
+def test_a_fusion_writes_over_an_operand_that_dies_there():
+  """g = h*3 + 1 is read by a matmul (a buffer), and h dies where g is made:
+  g takes h's buffer, so the two are never live together."""
+  x, w, w2 = jnp.ones((8, 64)), jnp.ones((64, 32)), jnp.ones((32, 32))
+  got = _peak(lambda x, w, w2: jnp.sum((x @ w * 3.0 + 1.0) @ w2), x, w, w2)
+  assert got == 2 * 8 * 32 * F32  # g (over h) and the second matmul's output
+
+
+def test_a_scan_allocates_its_stacked_outputs_whole():
+  """A scan over 4 slices stacks its (8,32) outputs: all 4 are allocated
+  before the first iteration, beside that iteration's own values."""
+  def f(xs, w):
+    def body(c, x):
+      h = x @ w
+      return c + jnp.sum(h), jnp.tanh(h)
+    return jax.lax.scan(body, 0.0, xs)
+
+  xs, w = jnp.ones((4, 8, 64)), jnp.ones((64, 32))
+  # stacked ys 4*8*32, the carry, and one iteration's h (8*32) + sum
+  assert _peak(f, xs, w) == (4 * 8 * 32 + 1 + 8 * 32 + 1) * F32
+
+
+def test_donated_outputs_take_no_new_buffer():
+  p = jnp.ones((256, 128))
+  update = lambda p: (p - 0.1 * jnp.tanh(p), jnp.sum(p))
+  assert _peak(update, p, donated=1) < _peak(update, p, donated=0)
+
+
+def test_the_kept_points_hold_every_batch_maximum():
+  rng = random.Random(0)
+  points = [(rng.randrange(1000), rng.randrange(1000), str(i), (i,))
+            for i in range(300)]
+  kept = liveness._prune(points)
+  assert len(kept) < 30
+  for s in (0, 0.01, 0.5, 1, 3, 50, 10**6):
+    best = lambda ps: max(f + l * s for f, l, *_ in ps)
+    assert best(kept) == best(points)
+
+
+def test_the_live_set_at_a_point_sums_to_it():
+  def f(xs, w):
+    h = jnp.tanh(xs @ w)
+    return jnp.sum(h @ w.T)
+
+  xs, w = jnp.ones((16, 64)), jnp.ones((64, 64))
+  points = liveness.simulate(jax.make_jaxpr(f)(xs, w), 0)
+  peak, i = points.peak_at(1, 1)
+  live = points.live(i)
+  assert sum(b.bytes[0] for b in live) == peak
+  assert all(b.shape and b.where for b in live)
