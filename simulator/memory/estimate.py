@@ -139,11 +139,6 @@ class MemoryEstimate:
 # --------------------------------------------------------------------------
 
 
-def _on_host(aval) -> bool:
-  space = getattr(aval, "memory_space", None)
-  return space is not None and "host" in str(space).lower()
-
-
 def _leaves_with_names(tree, prefix: str) -> list[tuple[str, Any]]:
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
   return [(prefix + jax.tree_util.keystr(path, simple=True, separator="/"),
@@ -207,7 +202,7 @@ def _state_tensors(traced: Traced, tiled: bool) -> list[Tensor]:
 def _saved_tensors(residuals: tuple[Residual, ...]) -> list[Tensor]:
   """What the backward keeps: residuals not fused away and not arguments
   (params and batch are counted as such); offloaded ones on the host."""
-  return [_split("host" if _on_host(r.aval) else "activations", r.name,
+  return [_split("host" if xla_rules.on_host(r.aval) else "activations", r.name,
                  r.aval) for r in residuals if not r.argument and not r.fused]
 
 

@@ -5,7 +5,8 @@ the last equation that reads it; the step's arguments are live throughout
 (the caller adds them). Loops and calls nest: a scan allocates its stacked
 outputs whole before its first iteration, its per-iteration inputs are
 slices (views) of the stacked operands, its per-iteration outputs are
-written in place into the stacked buffers, and its body's own values are
+written in place into the stacked buffers, its carry is one buffer (the
+initial value's, when that dies at the loop), and its body's own values are
 transient within one iteration; a jit, checkpoint, custom_vjp or shard_map
 body's values are transient within the call. The updated params and
 optimizer state are written into their donated argument buffers. Where XLA
@@ -36,6 +37,8 @@ Bytes = tuple[int, int]  # (fixed, linear at the traced batch)
 
 
 def _nbytes(aval, local: bool) -> Bytes:
+  if xla_rules.on_host(aval):
+    return (0, 0)
   shape = xla_rules.shape_of(aval, local)
   n = math.prod(shape) * np.dtype(aval.dtype).itemsize
   return (0, n) if carries_batch(shape) else (n, 0)
@@ -176,6 +179,16 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set) -> _Plan:
           reuses[v] = u
           taken.add(u)
           break
+  for i, eqn in enumerate(eqns):  # a loop's carry: the init's buffer
+    if eqn.primitive.name != "scan":
+      continue
+    first = eqn.params["num_consts"]
+    for u, v in zip(eqn.invars[first:first + eqn.params["num_carry"]],
+                    eqn.outvars):
+      if (isinstance(u, jcore.Var) and u in size and u not in taken
+          and size[u] == size[v] != (0, 0) and last.get(u) == i):
+        reuses[v] = u
+        taken.add(u)
   frees: dict[int, list] = {}
   for v, i in last.items():
     if v in size and v not in taken and size[v] != (0, 0):

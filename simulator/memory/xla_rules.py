@@ -71,6 +71,12 @@ def shape_of(aval, local: bool) -> tuple[int, ...]:
   return tuple(aval.shape) if local else device_shape(aval)
 
 
+def on_host(aval) -> bool:
+  """A value in host memory (remat offload's pinned_host): no HBM."""
+  space = getattr(aval, "memory_space", None)
+  return space is not None and "host" in str(space).lower()
+
+
 def is_view(eqn) -> bool:
   """An alias of its operand: a view op, a cast to the dtype it has, a
   reshard to the layout it has."""
@@ -119,11 +125,12 @@ def _subjaxprs(eqn) -> list:
 def calls(eqn, local: bool) -> list[tuple[object, bool, list]]:
   """The bodies an equation runs: (jaxpr, local sizes, outputs written in
   place into the caller's buffers). A scan's per-iteration outputs go into
-  its stacked outputs; a call's outputs are the call's."""
+  its stacked outputs and its carry into the loop's carry buffer; a call's
+  outputs are the call's."""
   subs = _subjaxprs(eqn)
-  if eqn.primitive.name == "scan":
+  if eqn.primitive.name == "scan":  # carries and stacked outputs in place
     body = subs[0]
-    return [(body, local, body.outvars[eqn.params["num_carry"]:])]
+    return [(body, local, body.outvars)]
   inner_local = local or eqn.primitive.name == "shard_map"
   return [(sub, inner_local, sub.outvars) for sub in subs]
 
