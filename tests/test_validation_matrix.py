@@ -82,7 +82,7 @@ def test_from_jsonl_rechecks_and_rewrites_the_table(tmp_path):
       [sys.executable, "-m", "experiments.validation_matrix",
        f"--from_jsonl={src}", f"--out={out}"], capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert "| 0 | tiny (toy) | v5p-8 | 4x1 | 8 | 128 | full | adamw |" in (
+  assert "| 0 | tiny | toy | v5p-8 | 4x1 | 8 | 128 | full | adamw | - |" in (
       out.read_text())
 
 
