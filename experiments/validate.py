@@ -103,6 +103,26 @@ def render(result: dict, header: str) -> str:
   return "\n".join(lines)
 
 
+def vars_of(settings) -> dict:
+  import dataclasses
+  return dataclasses.asdict(settings)
+
+
+def _print_oom(row: dict) -> None:
+  """XLA refused the plan for HBM: say so, with the bytes on both sides."""
+  if FLAGS.format == "json":
+    print(json.dumps(row, indent=1, default=str))
+    return
+  sym, oom = row["symbolic"], row["oom"]
+  print(f"XLA: does not fit: needs {oom['temp_bytes'] / GiB:.1f} GiB of "
+        f"temporaries, {oom['hbm_bytes'] / GiB:.1f} GiB of HBM available "
+        "(CompileTimeHbmOom)")
+  print(f"symbolic: temporaries {sym['temp'] / GiB:.1f} GiB "
+        f"({100 * row['oom_relative_error']:+.1f}%), peak "
+        f"{sym['peak'] / GiB:.1f} GiB with the planning overhead: "
+        f"{'fits (wrong)' if row['symbolic_fits'] else 'does not fit'}")
+
+
 def main(argv):
   del argv
   import jax
@@ -118,9 +138,19 @@ def main(argv):
       cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is a file; give a directory "
                "(created if missing)")
     os.makedirs(FLAGS.dump_dir, exist_ok=True)
-  from simulator.crosscheck import validate
-  result = validate(cfg, settings, FLAGS.topology, x, y, FLAGS.target,
-                    FLAGS.execute_steps, dump_dir=FLAGS.dump_dir)
+  from simulator import crosscheck
+  try:
+    result = crosscheck.validate(cfg, settings, FLAGS.topology, x, y,
+                                 FLAGS.target, FLAGS.execute_steps,
+                                 dump_dir=FLAGS.dump_dir)
+  except Exception as e:  # an out-of-HBM compile is an answer
+    oom = crosscheck.hbm_oom(str(e))
+    if oom is None:
+      raise
+    _print_oom(crosscheck.recheck({"config": {
+        "model": FLAGS.model, "topology": FLAGS.topology, "mesh": f"{x}x{y}",
+        **vars_of(settings)}, "oom": oom}))
+    return
   if FLAGS.format == "json":
     print(json.dumps(result, indent=1, default=str))
   else:

@@ -201,8 +201,6 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     lowered = traced.lower()
     module = module_name(lowered)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
-    # libtpu 0.0.52's Compiled.as_text() fails on some modules (async-update
-    # RET_CHECK); the compiler's own dump of the optimized module does not.
     compiled = lowered.compile(
         compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
                           "xla_dump_hlo_pass_re": "^$"} if on_tpu else None)
@@ -221,13 +219,17 @@ def module_name(lowered) -> str:
 
 
 def _optimized_hlo(compiled, dump: str, module: str) -> str:
+  """The optimized HLO: on TPU from the compiler's own dump (libtpu
+  0.0.52's Compiled.as_text() logs a RET_CHECK failure about async-update
+  operands and a blank stack trace for these modules, then fails), else
+  from as_text()."""
+  path = xla_peak.dump_file(dump, module, ".after_optimizations.txt")
+  if path:
+    with open(path) as f:
+      return f.read()
   try:
     return compiled.as_text() or ""
-  except Exception as e:  # noqa: BLE001 - fall back to the compiler's dump
-    path = xla_peak.dump_file(dump, module, ".after_optimizations.txt")
-    if path:
-      with open(path) as f:
-        return f.read()
+  except Exception as e:  # noqa: BLE001 - no HLO, no collectives
     _stderr(f"compiled HLO text unavailable, no collectives ({e})"[:300])
     return ""
 

@@ -33,3 +33,23 @@ def test_json_schema_tpu_v5p():
 def test_bad_mesh_exit_2():
   p = _run("--model=tiny", "--topology=v5p-8", "--mesh=3x2")
   assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error:")
+
+
+def test_text_report_is_quiet_and_names_the_peak():
+  """No libtpu RET_CHECK noise on stderr; the symbolic peak says where."""
+  p = _run("--model=tiny", "--topology=v5p-8", "--mesh=2x2", "--batch=8",
+           "--seq=128")
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "RET_CHECK" not in p.stderr and "stack trace" not in p.stderr
+  assert "symbolic peak at " in p.stdout
+
+
+def test_a_plan_over_hbm_is_an_answer():
+  """XLA refuses llama2_7b on 4 chips at batch 32 without remat: the report
+  says how much it needed and that the estimate agrees, exit 0."""
+  p = _run("--model=llama2_7b", "--topology=v5p-8", "--mesh=4x1",
+           "--batch=32", "--seq=2048", "--remat=none")
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "XLA: does not fit: needs" in p.stdout
+  assert "does not fit" in p.stdout.splitlines()[-1]
+  assert "Traceback" not in p.stderr
