@@ -126,7 +126,8 @@ def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = Fal
   done = results.done()
   sweep = search.Sweep(spec, cfg, topo)
   todo = [c for c in spec.configs(topo) if c.key not in done]
-  print(f"{topo.describe()}; {cfg.name}; {len(todo)} configs to evaluate"
+  print(f"{topo.describe()}; {cfg.name}; {len(todo)} "
+        f"config{'' if len(todo) == 1 else 's'} to evaluate"
         f" ({len(done)} already in {results.path})", file=out)
   for record in tqdm(sweep.evaluate(todo), total=len(todo), desc="sweep",
                      disable=not progress, file=sys.stderr):

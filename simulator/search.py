@@ -263,17 +263,22 @@ def recommendation(ranked: list[dict]) -> str:
 
 
 def table(ranked: list[dict], limit: int | None = None) -> str:
-  """The ranked table, plain text (also valid markdown)."""
+  """The ranked table, plain text (also valid markdown); a failed config
+  points to its reason, printed whole under the table."""
   head = ("| rank | mesh | batch | remat | shard | optimizer | peak GiB | fits | "
-          "step s | tokens/s | MFU | bound | compiled GiB |")
-  lines = [head, "|" + "---|" * head.count("|")[:-1] if False else
-           "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+          "step s | tokens/s | roofline MFU | bound by | compiled GiB |")
+  lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+  reasons: list[str] = []
   for i, r in enumerate(ranked[:limit] if limit else ranked, 1):
     mesh = f"{r['X']}x{r['Y']}"
     common = f"| {i} | {mesh} | {r['batch']} | {r['remat']} | {r['shard']} | " \
              f"{r['optimizer']} |"
     if r.get("status") != "ok":
-      lines.append(f"{common} failed: {r.get('error', '')[:60]} |||||||")
+      reason = r.get("error", "")
+      if reason not in reasons:
+        reasons.append(reason)
+      lines.append(f"{common} failed [{reasons.index(reason) + 1}] "
+                   "| | | | | | |")
       continue
     comp = r.get("compiled_peak_bytes")
     lines.append(
@@ -281,6 +286,7 @@ def table(ranked: list[dict], limit: int | None = None) -> str:
         f"{r['step_time_s']:.3g} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
         f"{'compute' if r['compute_bound'] else 'comm'} | "
         f"{'' if comp is None else f'{comp / GiB:.2f}'} |")
+  lines += [f"[{n}] {reason}" for n, reason in enumerate(reasons, 1)]
   return "\n".join(lines)
 
 

@@ -68,7 +68,12 @@ def test_rank_puts_fitting_fastest_first_and_failures_last(swept):
   text = search.recommendation(ranked)
   b = ranked[0]
   assert text.startswith(f"recommended: mesh {b['X']}x{b['Y']}")
-  assert search.table(ranked).count("\n") == len(ranked) + 1
+  text = search.table(ranked)
+  rows = [l for l in text.splitlines() if l.startswith("| ")]
+  assert len(rows) == len(ranked) + 1  # the header, a row per config
+  failed = [r for r in ranked if r.get("status") != "ok"]
+  # each failure's reason is printed whole, once, under the table
+  assert all(f"] {r['error']}" in text for r in failed)
 
 
 def test_record_has_the_issue_fields(swept):
