@@ -19,7 +19,7 @@ from models.registry import load_model
 from simulator import memory
 from simulator.settings import TrainSettings
 
-flags.DEFINE_integer("repeats", 3, "warm repeats")
+flags.DEFINE_integer("repeats", 3, "warm repeats", lower_bound=1)
 FLAGS = flags.FLAGS
 
 MODEL, TOPOLOGY, MESH = "llama2_70b", "v5p-512", (64, 4)

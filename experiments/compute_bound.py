@@ -39,7 +39,7 @@ flags.DEFINE_enum("ring", "book", ["book", "exact"],
 flags.DEFINE_enum("wraparound", "auto", ["auto", "yes", "no"],
                   "auto: from the topology; yes/no: force on both mesh axes")
 flags.DEFINE_float("tokens", None, "global tokens for step time and MFU "
-                   "(default batch·seq)")
+                   "(default batch·seq)", lower_bound=1)
 
 
 def _rnd(x):

@@ -41,6 +41,11 @@ def define_flags() -> None:
   FLAGS.set_default("topology", "v5p-128")
   flags.DEFINE_string("logdir", "runs", "where run folders go")
   flags.DEFINE_string("run_name", None, "run folder name; default MODEL-TOPOLOGY")
+  flags.register_validator(
+      "run_name", lambda v: v is None or (
+          v.strip(". ") != "" and os.sep not in v and "/" not in v),
+      "must be a plain folder name (no path separators, not '.' or '..'): "
+      "runs go under --logdir")
   flags.DEFINE_list("batches", ["32", "64", "128", "256", "512"],
                     "global batch sizes in sequences")
   flags.DEFINE_integer("seq", 256, "sequence length in tokens")

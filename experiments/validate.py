@@ -31,7 +31,23 @@ flags.DEFINE_string("target", None, "compile for: the --topology (default, TPU v
                     "libtpu), cpu (fake CPU devices) or gpu (local GPUs)")
 flags.DEFINE_integer("execute_steps", 0, "on --target=gpu (or cpu), run this "
                      "many steps on random data and read device.memory_stats() "
-                     "peak (GPU; the CPU keeps none)")
+                     "peak (GPU; the CPU keeps none)", lower_bound=0)
+
+
+def _known_target(target: str | None) -> bool:
+  if target in (None, "cpu", "gpu"):
+    return True
+  from meshes.topology import parse_topology
+  try:
+    parse_topology(target)
+  except ValueError:
+    return False
+  return True
+
+
+flags.register_validator("target", _known_target,
+                         "must be cpu, gpu or a TPU topology (v5p-8, "
+                         "v5p:2x2x1, ...)")
 flags.DEFINE_string("dump_dir", None, "TPU: keep the compiler's dumps (optimized "
                     "module, buffer assignment, live ranges) in this directory")
 PEAK_LINES = 12  # buffers at XLA's peak shown in the text report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from models.config import ModelConfig
@@ -37,7 +38,17 @@ def from_hf_config(path: str) -> ModelConfig:
   if not all(isinstance(v, int) and v > 0 for v in (d_model, n_heads)):
     raise ValueError(f"{path}: hidden_size={d_model!r} and num_attention_heads"
                      f"={n_heads!r} must be positive integers")
+  if not raw.get("head_dim") and d_model % n_heads:
+    raise ValueError(f"{path}: hidden_size={d_model} is not a multiple of "
+                     f"num_attention_heads={n_heads}; give head_dim")
   head_dim = raw.get("head_dim") or d_model // n_heads
+  for key in ("rms_norm_eps", "rope_theta"):
+    value = raw.get(key)
+    if value is not None and not (isinstance(value, (int, float))
+                                  and not isinstance(value, bool)
+                                  and math.isfinite(value) and value > 0):
+      raise ValueError(f"{path}: {key}={value!r} must be a positive finite "
+                       "number")
   gemma = family == "gemma"
   return ModelConfig(
       name=os.path.splitext(os.path.basename(path))[0],
@@ -55,7 +66,7 @@ def from_hf_config(path: str) -> ModelConfig:
       tie_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
       qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
       bias=False,
-      norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-      rope_theta=float(raw.get("rope_theta", 10000.0)),
+      norm_eps=float(raw.get("rms_norm_eps") or 1e-6),
+      rope_theta=float(raw.get("rope_theta") or 10000.0),
       embed_scale=gemma,
   )

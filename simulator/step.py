@@ -181,6 +181,10 @@ def step_rules(cfg: ModelConfig, settings: TrainSettings, mesh,
 def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                base_rules: AxisRules = FSDP_TP) -> Step:
   """Abstract arguments and the step function for `mesh` (abstract or real)."""
+  if cfg.positions == "learned" and settings.seq > cfg.max_len:
+    raise ValueError(f"seq={settings.seq} exceeds {cfg.name}'s "
+                     f"{cfg.max_len} learned positions; choose seq <= "
+                     f"{cfg.max_len}")
   rules, opt_rules, grad_rules = step_rules(cfg, settings, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = make_model(cfg, settings, rules)

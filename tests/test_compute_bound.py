@@ -34,7 +34,8 @@ def test_seed_004_json():
 
 def test_bad_flags_exit_2_one_line():
   for args in (["--mesh=5x5"], ["--model=nope"], ["--pass=sideways"],
-               ["--flops_per_chip=-1"], ["--m_x=0", "--mesh=16x4"]):
+               ["--flops_per_chip=-1"], ["--m_x=0", "--mesh=16x4"],
+               ["--tokens=0"]):
     r = _run(*args)
     assert r.returncode == 2, (args, r.stderr)
     lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -58,9 +59,16 @@ def test_gemma_uses_its_head_dim_and_geglu(tmp_path):
     ({**LLAMA2_7B, "hidden_size": 0}, "hidden_size=0"),
     ({**LLAMA2_7B, "num_hidden_layers": -2}, "n_layers=-2"),
     ("[1, 2]", "expected a JSON object"),
+    ({**LLAMA2_7B, "num_attention_heads": 30}, "not a multiple of"),
+    ({**LLAMA2_7B, "rope_theta": float("nan")}, "rope_theta=nan"),
+    ({**LLAMA2_7B, "rms_norm_eps": {"a": 1}}, "rms_norm_eps={'a': 1}"),
+    ({**LLAMA2_7B, "rms_norm_eps": None}, None),
 ])
 def test_bad_configs_name_the_problem(tmp_path, raw, message):
-  with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+  if message is None:  # null means the family's default
+    assert from_hf_config(_write(tmp_path, raw)).norm_eps == 1e-6
+    return
+  with pytest.raises(ValueError, match=re.escape(message)):
     from_hf_config(_write(tmp_path, raw))
 
 

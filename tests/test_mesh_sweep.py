@@ -140,6 +140,8 @@ def _cli(*args):
     (["--shards=zero9"], "shard"),
     (["--top_k=-1"], "top_k"),
     (["--bogus=1"], "bogus"),
+    (["--run_name=../../x"], "plain folder name"),
+    (["--run_name=/tmp/abs"], "plain folder name"),
 ])
 def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
   p = _cli(*args, f"--logdir={tmp_path}")

@@ -30,9 +30,16 @@ def test_json_schema_tpu_v5p():
   assert "params" in r["symbolic"] and "peak" in r["symbolic"]
 
 
-def test_bad_mesh_exit_2():
-  p = _run("--model=tiny", "--topology=v5p-8", "--mesh=3x2")
-  assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error:")
+def test_bad_input_exit_2():
+  for args, needle in ((["--mesh=3x2"], "3x2"),
+                       (["--target=tpu9"], "--target=tpu9"),
+                       (["--execute_steps=-1"], "--execute_steps=-1"),
+                       (["--model=gpt2", "--seq=2048"], "learned positions")):
+    p = _run("--model=tiny", "--topology=v5p-8", *args)
+    assert p.returncode == 2, (args, p.stderr[-2000:])
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and needle in last, (args, last)
+    assert "Traceback" not in p.stderr
 
 
 def test_text_report_is_quiet_and_names_the_peak():
