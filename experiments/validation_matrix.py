@@ -68,6 +68,14 @@ def summary(rows: list[dict]) -> list[str]:
       line = _errors_line(of_part, key, what)
       if line:
         lines.append(line)
+    under = [r for r in of_part
+             if (r["relative_error"].get("peak_no_overhead") or 0) < -0.05]
+    if of_part and part != "toy":
+      ids = ", ".join(f"#{r['config'].get('index', '?')} "
+                      f"{_pct(r['relative_error']['peak_no_overhead'])}"
+                      for r in under)
+      lines.append(f"- peak_no_overhead under XLA's by more than 5% ({part}): "
+                   f"{len(under)} of {len(of_part)}{': ' + ids if ids else ''}")
   oom = [r for r in rows if "oom_relative_error" in r]
   if oom:
     says = sum(1 for r in oom if not r["symbolic_fits"])
