@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any, Iterable, Mapping
 
+from experiments import sweep_plots
 from meshes.hardware import GiB
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 from tensorboard.compat.proto import tensor_shape_pb2, types_pb2
@@ -134,14 +135,6 @@ SWEEP_METRICS = {
     "memory/compiled_peak_gib": ("compiled_peak_bytes", 1 / GiB,
                                  "compiler's peak GiB per device (top-k only)"),
 }
-_CATEGORY_COLOURS = {  # what is live at the peak (they stack to the peak)
-    "params": (31, 119, 180), "optimizer": (44, 160, 44),
-    "batch": (188, 189, 34), "tile_padding": (23, 190, 207),
-    "grads": (255, 127, 14), "activations": (214, 39, 40),
-    "logits": (148, 103, 189), "temporaries": (140, 86, 75),
-    "overhead": (127, 127, 127)}
-
-
 def session_name(r: Mapping[str, Any]) -> str:
   return (f"{r['X']}x{r['Y']}-b{r['batch']}-{r['remat']}-{r['shard']}-"
           f"{r['optimizer']}").replace(":", "_").replace(",", "+")
@@ -162,73 +155,6 @@ def session_metrics(r: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
-def memory_breakdown_image(records: list[Mapping[str, Any]], hbm_bytes: int):
-  """Stacked bars: per-device GiB by category, one bar per (mesh, batch)."""
-  from PIL import Image, ImageDraw
-  ok = [r for r in records if r.get("status") == "ok"]
-  ok.sort(key=lambda r: (r["X"], r["batch"]))
-  bar, gap, left, top, height = 18, 6, 60, 30, 300
-  width = left + max(1, len(ok)) * (bar + gap) + 150
-  img = Image.new("RGB", (width, top + height + 90), "white")
-  d = ImageDraw.Draw(img)
-  top_gib = max([hbm_bytes / GiB] + [r["peak_bytes"] / GiB for r in ok]) * 1.05
-  y_of = lambda gib: top + height - gib / top_gib * height
-  d.line([(left, y_of(hbm_bytes / GiB)), (width - 150, y_of(hbm_bytes / GiB))],
-         fill=(0, 0, 0), width=1)
-  d.text((left - 55, y_of(hbm_bytes / GiB) - 6), f"HBM {hbm_bytes / GiB:.0f}",
-         fill=(0, 0, 0))
-  d.text((left - 55, top - 20), "GiB/device", fill=(0, 0, 0))
-  for i, r in enumerate(ok):
-    x0, base = left + i * (bar + gap), 0.0
-    for cat, colour in _CATEGORY_COLOURS.items():
-      gib = r.get("memory", {}).get(cat, 0) / GiB
-      if gib > 0:
-        d.rectangle([x0, y_of(base + gib), x0 + bar, y_of(base)], fill=colour)
-      base += gib
-    d.text((x0, top + height + 4), f"{r['X']}x{r['Y']}", fill=(0, 0, 0))
-    d.text((x0, top + height + 18), f"b{r['batch']}", fill=(0, 0, 0))
-  for j, (cat, colour) in enumerate(_CATEGORY_COLOURS.items()):
-    y = top + 14 * j
-    d.rectangle([width - 140, y, width - 130, y + 10], fill=colour)
-    d.text((width - 125, y), cat, fill=(0, 0, 0))
-  return img
-
-
-def mfu_heatmap_image(records: list[Mapping[str, Any]]):
-  """MFU over (X rows, batch columns); grey: failed, hatched red: does not fit."""
-  from PIL import Image, ImageDraw
-  ok = [r for r in records if r.get("status") == "ok"]
-  xs = sorted({r["X"] for r in records})
-  bs = sorted({r["batch"] for r in records})
-  best = {}
-  for r in ok:  # the best MFU over the other swept choices
-    k = (r["X"], r["batch"])
-    if k not in best or r["mfu"] > best[k]["mfu"]:
-      best[k] = r
-  cell, left, top = 56, 70, 30
-  img = Image.new("RGB", (left + cell * len(bs) + 10, top + cell * len(xs) + 30),
-                  "white")
-  d = ImageDraw.Draw(img)
-  d.text((4, 4), "MFU by X (rows; Y = chips/X) and batch (columns)", fill=(0, 0, 0))
-  for j, b in enumerate(bs):
-    d.text((left + j * cell + 4, top + cell * len(xs) + 6), f"b{b}", fill=(0, 0, 0))
-  for i, x in enumerate(xs):
-    d.text((4, top + i * cell + cell // 2 - 6), f"X={x}", fill=(0, 0, 0))
-    for j, b in enumerate(bs):
-      box = [left + j * cell, top + i * cell, left + (j + 1) * cell - 2,
-             top + (i + 1) * cell - 2]
-      r = best.get((x, b))
-      if r is None:
-        d.rectangle(box, fill=(200, 200, 200))
-        continue
-      m = max(0.0, min(1.0, r["mfu"]))
-      d.rectangle(box, fill=(int(255 * (1 - m)), int(90 + 140 * m), int(60 + 60 * m)))
-      d.text((box[0] + 6, box[1] + 8), f"{r['mfu']:.0%}", fill=(0, 0, 0))
-      if not r["fits"]:
-        d.line([box[0], box[1], box[2], box[3]], fill=(200, 0, 0), width=3)
-  return img
-
-
 def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
                 recommendation: str, hbm_bytes: int) -> str:
   """Writes the sweep's TensorBoard report into a new RUN_DIR/tensorboard[-n]."""
@@ -238,10 +164,12 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
     w.hparams_config(hparams, {t: m[2] for t, m in SWEEP_METRICS.items()})
     w.text("sweep/ranked_table", table)
     w.text("sweep/recommendation", recommendation)
-    w.image("memory/breakdown", memory_breakdown_image(ranked, hbm_bytes),
-            description="per-device GiB by category, per mesh and batch")
-    w.image("perf/mfu_heatmap", mfu_heatmap_image(ranked),
-            description="best MFU per (X, batch)")
+    w.image("memory/breakdown", sweep_plots.memory_breakdown(ranked,
+                                                             hbm_bytes),
+            description="what is live at each plan's peak, per device, "
+            "stacked to the planned peak")
+    w.image("perf/mfu_heatmap", sweep_plots.mfu_heatmap(ranked),
+            description="best roofline MFU per (X, batch)")
   for i, r in enumerate(ranked):
     with MetricsWriter(os.path.join(root, "sessions", session_name(r))) as w:
       w.session({h: r[h] for h in SWEEP_HPARAMS}, session_metrics(r),

@@ -39,11 +39,3 @@ def test_session_metrics_skip_missing_and_failed():
   assert m["memory/peak_gib"] == 2.0 and "perf/threshold_tokens" not in m
   assert "memory/compiled_peak_gib" not in m
   assert tbw.session_metrics(dict(status="failed")) == {}
-
-
-def test_images_draw_without_matplotlib():
-  rs = [dict(status="ok", X=x, Y=8 // x, batch=b, mfu=0.1 * x, fits=x > 1,
-             peak_bytes=2**33, memory={"params": 2**32, "activations": 2**32})
-        for x in (1, 2) for b in (8, 16)]
-  assert tbw.memory_breakdown_image(rs, 95 * 2**30).size[0] > 100
-  assert tbw.mfu_heatmap_image(rs).size[1] > 100
