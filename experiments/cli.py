@@ -79,6 +79,9 @@ def run(main: Callable[[list[str]], None]) -> None:
       main(argv)
     except ValueError as e:
       fail(str(e).splitlines()[0])
+    except OSError as e:  # a full disk, an unwritable folder: nothing torn
+      where = f" ({e.filename})" if e.filename else ""
+      fail(f"{e.strerror or e}{where}; what was written before is intact")
 
   app.run(guarded, flags_parser=_parse)
 

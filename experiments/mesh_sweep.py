@@ -20,7 +20,9 @@ experiments.results and experiments.tensorboard_writer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import glob
 import json
 import os
@@ -93,12 +95,50 @@ def run_dir_for(logdir: str, name: str, resume: bool) -> str:
   from experiments.tensorboard_writer import new_run_dir
   if not resume:
     return new_run_dir(logdir, name)
-  found = [d for d in glob.glob(os.path.join(logdir, name + "*"))
-           if os.path.basename(d) == name or
-           os.path.basename(d)[len(name):].lstrip("-").isdigit()]
+  found = [d for d in glob.glob(os.path.join(logdir, glob.escape(name) + "*"))
+           if os.path.basename(d) == name or (
+               os.path.basename(d)[len(name):len(name) + 1] == "-"
+               and os.path.basename(d)[len(name) + 1:].isdigit())]
   if not found:
     raise ValueError(f"--resume: no run {name!r} under {logdir!r} to continue")
   return max(found, key=os.path.getmtime)
+
+
+RUN_SETTINGS = "run.json"  # what a run's results depend on, for --resume
+_IDENTITY = ("model", "topology", "seq", "attention", "precision")
+
+
+def check_run_settings(run_dir: str, spec) -> None:
+  """A new run records the settings its results depend on; a resumed one
+  must have the same, or its old results would be reported as the new."""
+  path = os.path.join(run_dir, RUN_SETTINGS)
+  mine = {k: getattr(spec, k) for k in _IDENTITY}
+  if not os.path.exists(path):
+    with open(path, "w") as f:
+      json.dump(mine, f, indent=1)
+    return
+  with open(path) as f:
+    theirs = json.load(f)
+  for k in _IDENTITY:
+    if theirs.get(k) != mine[k]:
+      raise ValueError(
+          f"--resume: {run_dir} was made with --{k}={theirs.get(k)}, this "
+          f"command has --{k}={mine[k]}; resume with the same value or start "
+          "a new run (without --resume)")
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str):
+  """One sweep writes a run at a time (two resumes would both evaluate
+  every remaining config)."""
+  with open(os.path.join(run_dir, ".lock"), "w") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ValueError(f"{run_dir} is being written by another mesh_sweep; "
+                       "wait for it to finish or use another --run_name"
+                       ) from None
+    yield
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,16 +157,29 @@ class SweepRun:
 
 def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = False,
               top_k: int = 3, progress: bool = True, out=sys.stdout) -> SweepRun:
-  """The whole study. Validates before any work."""
+  """The whole study. Validates before any work; one process per run."""
+  if top_k < 0:
+    raise ValueError(f"--top_k={top_k} must be >= 0")
+  cfg, topo = spec.validate()
+  run_dir = run_dir_for(logdir, run_name or f"{spec.model}-{spec.topology}", resume)
+  with run_lock(run_dir):
+    check_run_settings(run_dir, spec)
+    try:
+      return _sweep(spec, cfg, topo, run_dir, logdir, top_k, progress, out)
+    except KeyboardInterrupt:
+      print(f"\ninterrupted: the results so far are kept in "
+            f"{os.path.join(run_dir, 'results.jsonl')}; the same command with "
+            "--resume continues the run", file=sys.stderr)
+      sys.exit(130)
+
+
+def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
+           progress: bool, out) -> SweepRun:
   from tqdm import tqdm
   from experiments import tensorboard_writer as tbw
   from experiments.results import FILENAME, ResultsFile
   from simulator import search
 
-  if top_k < 0:
-    raise ValueError(f"--top_k={top_k} must be >= 0")
-  cfg, topo = spec.validate()
-  run_dir = run_dir_for(logdir, run_name or f"{spec.model}-{spec.topology}", resume)
   results = ResultsFile(os.path.join(run_dir, FILENAME), search.record_key)
   done = results.done()
   sweep = search.Sweep(spec, cfg, topo)

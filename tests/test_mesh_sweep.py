@@ -154,3 +154,64 @@ def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
 def test_remat_list_keeps_names_commas():
   assert mesh_sweep.join_remats(["full", "names:qkv", "mlp_in", "dots"]) == (
       "full", "names:qkv,mlp_in", "dots")
+
+
+def test_resume_continues_exactly_the_run_named(tmp_path):
+  """--resume of tiny-v5p-1 must not pick tiny-v5p-16 (a name it prefixes);
+  it takes the run itself or its numbered copies (tiny-v5p-1-2)."""
+  for name in ("tiny-v5p-16", "tiny-v5p-1", "tiny-v5p-1-2"):
+    (tmp_path / name).mkdir()
+  os.utime(tmp_path / "tiny-v5p-16", (2e9, 2e9))  # the newest by far
+  found = mesh_sweep.run_dir_for(str(tmp_path), "tiny-v5p-1", resume=True)
+  assert os.path.basename(found) in ("tiny-v5p-1", "tiny-v5p-1-2")
+  with pytest.raises(ValueError, match="no run 'tiny-v5p-2'"):
+    mesh_sweep.run_dir_for(str(tmp_path), "tiny-v5p-2", resume=True)
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+  """The run's results depend on --seq: a resume with another value would
+  report the old results as the new ones."""
+  logdir = str(tmp_path)
+  mesh_sweep.run_sweep(SPEC, logdir, "t", top_k=0, progress=False,
+                       out=open(os.devnull, "w"))
+  other = search.SweepSpec(model="tiny", topology="v5p-8", batches=(4, 8),
+                           remats=("full",), seq=64)
+  with pytest.raises(ValueError, match="made with --seq=32, this command has "
+                     "--seq=64"):
+    mesh_sweep.run_sweep(other, logdir, "t", resume=True, top_k=0,
+                         progress=False, out=open(os.devnull, "w"))
+
+
+def test_a_run_is_written_by_one_sweep_at_a_time(swept):
+  run_dir = swept[1].run_dir
+  with mesh_sweep.run_lock(run_dir):
+    with pytest.raises(ValueError, match="being written by another"):
+      with mesh_sweep.run_lock(run_dir):
+        pass
+
+
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, monkeypatch,
+                                                    capsys):
+  """Ctrl-C in the middle of a sweep: exit 130 with one line saying where
+  the results are and how to continue; the lines written stay whole."""
+  real = mesh_sweep._sweep
+
+  def interrupted(spec, cfg, topo, run_dir, *args):
+    first = spec.configs(topo)[0]  # written, then Ctrl-C
+    record = next(search.Sweep(spec, cfg, topo).evaluate([first]))
+    ResultsFile(os.path.join(run_dir, "results.jsonl"),
+                search.record_key).append(record)
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(mesh_sweep, "_sweep", interrupted)
+  with pytest.raises(SystemExit) as stop:
+    mesh_sweep.run_sweep(SPEC, str(tmp_path), "c", top_k=0, progress=False,
+                         out=open(os.devnull, "w"))
+  assert stop.value.code == 130
+  err = capsys.readouterr().err
+  assert "interrupted" in err and "--resume" in err
+  monkeypatch.setattr(mesh_sweep, "_sweep", real)
+  run = mesh_sweep.run_sweep(SPEC, str(tmp_path), "c", resume=True, top_k=0,
+                             progress=False, out=open(os.devnull, "w"))
+  assert len(_lines(run.run_dir)) == len(SPEC.configs(
+      search.parse_topology("v5p-8")))  # resumed, nothing duplicated
