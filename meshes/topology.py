@@ -138,6 +138,11 @@ def _tpu_topology(text: str, chip: hardware.Chip, shape: tuple[int, ...],
     raise ValueError(
         f"{name!r}: {chip.name} axes must all be <= 4 or all multiples of 4 "
         f"(whole 4x4x4 cubes), e.g. 2x2x4 or 4x4x8")
+  chips = math.prod(shape)
+  if chip.name in _MAX_CHIPS and chips > _MAX_CHIPS[chip.name]:
+    raise ValueError(
+        f"{name!r} has {chips} chips; the largest {chip.name} slice has "
+        f"{_MAX_CHIPS[chip.name]}")
   return Topology(text, chip, shape, _wraparound(chip, shape))
 
 

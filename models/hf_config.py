@@ -11,6 +11,13 @@ from models.config import ModelConfig
 FAMILIES = ("llama", "mistral", "qwen2", "gemma")
 
 
+# Sizes a config names: each a positive integer (not a bool, not a float
+# like 1e12), below 2**31 (what the traced program's int32 indices reach).
+_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers",
+          "intermediate_size", "vocab_size", "num_key_value_heads", "head_dim",
+          "max_position_embeddings")
+
+
 def _require(raw: dict, key: str, path: str):
   if key not in raw:
     raise ValueError(f"{path}: missing {key!r}, which a {raw.get('model_type')}"
@@ -18,21 +25,37 @@ def _require(raw: dict, key: str, path: str):
   return raw[key]
 
 
+def _check_sizes(raw: dict, path: str) -> None:
+  for key in _SIZES:
+    value = raw.get(key)
+    if value is None:
+      continue
+    if not (isinstance(value, int) and not isinstance(value, bool)
+            and 0 < value < 2**31):
+      raise ValueError(f"{path}: {key}={value!r} must be a positive integer "
+                       "below 2**31")
+
+
 def from_hf_config(path: str) -> ModelConfig:
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       raw = json.load(f)
   except OSError as e:
     raise ValueError(f"cannot read model config {path!r}: {e.strerror}") from None
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})"
                      ) from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+  except RecursionError:
+    raise ValueError(f"{path}: JSON nested too deeply to be a config") from None
   if not isinstance(raw, dict):
     raise ValueError(f"{path}: expected a JSON object")
   family = raw.get("model_type")
   if family not in FAMILIES:
     raise ValueError(f"{path}: model_type={family!r} is not supported; valid: "
                      f"{', '.join(FAMILIES)}")
+  _check_sizes(raw, path)
   get = lambda key: _require(raw, key, path)
   d_model, n_heads = get("hidden_size"), get("num_attention_heads")
   if not all(isinstance(v, int) and v > 0 for v in (d_model, n_heads)):

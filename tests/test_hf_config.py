@@ -28,7 +28,10 @@ GEMMA_2B = {
 
 def _write(tmp_path, raw, name="config.json"):
   path = tmp_path / name
-  path.write_text(json.dumps(raw) if isinstance(raw, dict) else raw)
+  if isinstance(raw, bytes):
+    path.write_bytes(raw)
+  else:
+    path.write_text(json.dumps(raw) if isinstance(raw, dict) else raw)
   return str(path)
 
 
@@ -63,6 +66,11 @@ def test_gemma_uses_its_head_dim_and_geglu(tmp_path):
     ({**LLAMA2_7B, "rope_theta": float("nan")}, "rope_theta=nan"),
     ({**LLAMA2_7B, "rms_norm_eps": {"a": 1}}, "rms_norm_eps={'a': 1}"),
     ({**LLAMA2_7B, "rms_norm_eps": None}, None),
+    ({**LLAMA2_7B, "vocab_size": 1e12}, "vocab_size=1000000000000.0 must be"),
+    ({**LLAMA2_7B, "num_hidden_layers": True}, "num_hidden_layers=True must"),
+    ({**LLAMA2_7B, "intermediate_size": "big"}, "intermediate_size='big'"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    (b"\xff\xfe{}", "not UTF-8 text"),
 ])
 def test_bad_configs_name_the_problem(tmp_path, raw, message):
   if message is None:  # null means the family's default

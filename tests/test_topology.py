@@ -95,6 +95,7 @@ def test_every_listed_cloud_name_round_trips():
     ("h100:16", "'h100:16'"),
     ("garbage", "'garbage'"),
     ("", "''"),
+    ("v5p:4096x4096x4096", "the largest v5p slice has 6144"),
 ])
 def test_bad_input_names_the_value(name, named):
   with pytest.raises(ValueError) as info:
