@@ -207,7 +207,7 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   print(why, file=out)
   tb_dir = tbw.write_sweep(run_dir, ranked, text, why, topo.chip.hbm_bytes)
   print(f"results: {results.path}\ntensorboard: {tb_dir} "
-        f"(tensorboard --logdir {logdir})", file=out)
+        f"(tensorboard --logdir {tb_dir})", file=out)
   return SweepRun(run_dir, results.path, tb_dir, ranked, why)
 
 

@@ -122,19 +122,26 @@ class MetricsWriter:
 # The mesh sweep's report: hparams sessions, curves over batch, text, images.
 # --------------------------------------------------------------------------
 
-SWEEP_HPARAMS = ("X", "Y", "batch", "remat", "shard", "optimizer")
+SWEEP_HPARAMS = ("model", "topology", "mesh", "X", "Y", "batch", "remat",
+                 "shard", "optimizer")
 # metric tag -> (record field, scale, description)
 SWEEP_METRICS = {
     "memory/peak_gib": ("peak_bytes", 1 / GiB, "estimated peak GiB per device"),
     "memory/fits": ("fits", 1, "1 if the peak fits in HBM"),
     "perf/step_time_s": ("step_time_s", 1, "estimated step time, seconds"),
-    "perf/mfu": ("mfu", 1, "model FLOPs utilisation"),
+    "perf/mfu": ("mfu", 1, "model FLOPs utilisation (the roofline's bound)"),
+    "perf/tokens_per_s": ("tokens_per_s", 1,
+                          "estimated tokens per second (what ranks plans)"),
     "perf/threshold_tokens": ("threshold_tokens_global", 1,
                               "global tokens per step above which the step is "
                               "compute-bound"),
     "memory/compiled_peak_gib": ("compiled_peak_bytes", 1 / GiB,
                                  "compiler's peak GiB per device (top-k only)"),
 }
+def _hparam(r: Mapping[str, Any], name: str) -> Any:
+  return f"{r['X']}x{r['Y']}" if name == "mesh" else r[name]
+
+
 def session_name(r: Mapping[str, Any]) -> str:
   return (f"{r['X']}x{r['Y']}-b{r['batch']}-{r['remat']}-{r['shard']}-"
           f"{r['optimizer']}").replace(":", "_").replace(",", "+")
@@ -159,7 +166,8 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
                 recommendation: str, hbm_bytes: int) -> str:
   """Writes the sweep's TensorBoard report into a new RUN_DIR/tensorboard[-n]."""
   root = new_run_dir(run_dir, "tensorboard")
-  hparams = {h: [r[h] for r in ranked] for h in SWEEP_HPARAMS}
+  ok = [r for r in ranked if r.get("status") == "ok"]  # failed: no session
+  hparams = {h: [_hparam(r, h) for r in ok] for h in SWEEP_HPARAMS}
   with MetricsWriter(root) as w:
     w.hparams_config(hparams, {t: m[2] for t, m in SWEEP_METRICS.items()})
     w.text("sweep/ranked_table", table)
@@ -170,9 +178,9 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
             "stacked to the planned peak")
     w.image("perf/mfu_heatmap", sweep_plots.mfu_heatmap(ranked),
             description="best roofline MFU per (X, batch)")
-  for i, r in enumerate(ranked):
+  for r in ok:
     with MetricsWriter(os.path.join(root, "sessions", session_name(r))) as w:
-      w.session({h: r[h] for h in SWEEP_HPARAMS}, session_metrics(r),
+      w.session({h: _hparam(r, h) for h in SWEEP_HPARAMS}, session_metrics(r),
                 trial_id=session_name(r))
   curves: dict[str, list] = {}
   for r in ranked:

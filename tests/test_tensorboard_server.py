@@ -57,8 +57,11 @@ def test_server_serves_runs_scalars_hparams_and_text(tmp_path):
         pass
       time.sleep(0.5)
     tb = "s/tensorboard"
-    sessions = {f"{tb}/sessions/{session_name(r)}" for r in records}
+    sessions = {f"{tb}/sessions/{session_name(r)}" for r in ok}
     assert sessions <= set(runs)
+    failed = [r for r in records if r not in ok]
+    assert failed and not any(f"{tb}/sessions/{session_name(r)}" in runs
+                              for r in failed)  # no empty rows
     for r in ok:
       q = urllib.parse.urlencode({"run": f"{tb}/sessions/{session_name(r)}",
                                   "tag": "perf/mfu"})
@@ -78,11 +81,16 @@ def test_server_serves_runs_scalars_hparams_and_text(tmp_path):
       key = (int(h["X"]), int(h["Y"]), int(h["batch"]), h["remat"], h["shard"],
              h["optimizer"])
       got[key] = {m["name"]["tag"]: m["value"] for m in g.get("metricValues", [])}
-    assert set(got) == {search.record_key(r) for r in records}
+    assert set(got) == {search.record_key(r) for r in ok}
     for r in ok:
       m = got[search.record_key(r)]
       assert m["memory/peak_gib"] == pytest.approx(r["peak_bytes"] / 2**30, rel=1e-6)
       assert m["memory/fits"] == float(r["fits"])
+      assert m["perf/tokens_per_s"] == pytest.approx(r["tokens_per_s"],
+                                                     rel=1e-6)
+    hparams = groups["sessionGroups"][0]["hparams"]
+    assert {"model", "topology", "mesh"} <= set(hparams)
+    assert hparams["model"] == "tiny" and "x" in hparams["mesh"]
   finally:
     proc.kill()
     proc.wait(timeout=10)
