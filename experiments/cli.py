@@ -62,7 +62,26 @@ def fail(message: str) -> None:
   sys.exit(USAGE_ERROR)
 
 
+def _repeated(argv: list[str]) -> str | None:
+  """The first flag given more than once (absl would keep the last
+  silently): --name=value, --name value, --flag and --noflag alike."""
+  seen: dict[str, str] = {}
+  for arg in argv[1:]:
+    if not arg.startswith("--") or arg == "--":
+      continue
+    name = arg[2:].split("=", 1)[0]
+    if name.startswith("no") and name[2:] in flags.FLAGS:
+      name = name[2:]
+    if name in seen:
+      return f"--{name} is given twice ({seen[name]} and {arg}); give it once"
+    seen[name] = arg
+  return None
+
+
 def _parse(argv: list[str]) -> list[str]:
+  repeated = _repeated(argv)
+  if repeated:
+    fail(repeated)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:

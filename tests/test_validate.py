@@ -31,11 +31,14 @@ def test_json_schema_tpu_v5p():
 
 
 def test_bad_input_exit_2():
-  for args, needle in ((["--mesh=3x2"], "3x2"),
-                       (["--target=tpu9"], "--target=tpu9"),
-                       (["--execute_steps=-1"], "--execute_steps=-1"),
-                       (["--model=gpt2", "--seq=2048"], "learned positions")):
-    p = _run("--model=tiny", "--topology=v5p-8", *args)
+  for args, needle in ((["--model=tiny", "--mesh=3x2"], "3x2"),
+                       (["--model=tiny", "--target=tpu9"], "--target=tpu9"),
+                       (["--model=tiny", "--execute_steps=-1"],
+                        "--execute_steps=-1"),
+                       (["--model=gpt2", "--seq=2048"], "learned positions"),
+                       (["--model=tiny", "--seq=64", "--seq=128"],
+                        "--seq is given twice")):
+    p = _run("--topology=v5p-8", *args)
     assert p.returncode == 2, (args, p.stderr[-2000:])
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("error:") and needle in last, (args, last)
