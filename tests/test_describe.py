@@ -58,10 +58,3 @@ def test_bad_input_is_one_line_exit_2(flags, message):
   assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
   assert message in out.stderr
 
-
-def test_a_flag_given_twice_is_refused():
-  """absl keeps the last value silently; the user is told instead."""
-  from experiments import cli
-  assert cli._repeated(["prog", "--seq=64", "--seq=128"]) == (
-      "--seq is given twice (--seq=64 and --seq=128); give it once")
-  assert cli._repeated(["prog", "--seq=64", "--batch=8"]) is None
