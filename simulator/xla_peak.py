@@ -89,10 +89,11 @@ def _op_names(hlo_path: str) -> dict[str, str]:
 _VMEM = "color 1,"
 
 
-def _values(assignment_path: str) -> tuple[dict, dict, int]:
+def _values(assignment_path: str) -> tuple[dict, dict, int, dict]:
   """HBM values, VMEM values (value -> (allocation, offset, size, is an entry
-  parameter, shape)) and the VMEM allocation's size."""
-  hbm, vmem, vmem_size = {}, {}, 0
+  parameter, shape)), the VMEM allocation's size, and the HBM entry-parameter
+  allocations' sizes (allocation -> bytes)."""
+  hbm, vmem, vmem_size, parameters = {}, {}, 0, {}
   into = None
   with open(assignment_path) as f:
     for line in f:
@@ -106,12 +107,14 @@ def _values(assignment_path: str) -> tuple[dict, dict, int]:
           into = None
         else:
           into = hbm
+          if parameter:
+            parameters[number] = int(m.group(2))
         continue
       m = _VALUE.match(line)
       if m and into is not None:
         into[m.group(1) + (m.group(2) or "{}")] = (
             number, int(m.group(4)), int(m.group(3)), parameter, m.group(5))
-  return hbm, vmem, vmem_size
+  return hbm, vmem, vmem_size, parameters
 
 
 def _buffers(keys, values: dict, op_names: dict[str, str]
@@ -148,7 +151,11 @@ def read_peak(dump_dir: str, module: str) -> XlaPeak | None:
   if files is None:
     return None
   assignment_path, live_path, hlo_path = files
-  values, vmem, vmem_size = _values(assignment_path)
+  values, vmem, vmem_size, parameters = _values(assignment_path)
+  # An entry parameter's allocation is the caller's: held for the whole
+  # program (a donated one then holds the output), whatever its values'
+  # live ranges say; memory_analysis counts it throughout.
+  held = sum(parameters.values())
   with open(live_path) as f:
     text = f.read()
   schedule = [line.strip().split(":", 1)[1] for line in
@@ -174,8 +181,9 @@ def read_peak(dump_dir: str, module: str) -> XlaPeak | None:
       by_allocation: dict[int, list] = {}
       for key in live:
         a, offset, size = values[key][:3]
-        by_allocation.setdefault(a, []).append((offset, offset + size))
-      used = sum(_covered(v) for v in by_allocation.values())
+        if a not in parameters:
+          by_allocation.setdefault(a, []).append((offset, offset + size))
+      used = held + sum(_covered(v) for v in by_allocation.values())
       if used > best:
         best, best_at, best_live = used, t, frozenset(live)
     live.difference_update(ends.get(t, ()))
