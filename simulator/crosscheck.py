@@ -99,9 +99,7 @@ def compile_case(cfg: ModelConfig, settings: TrainSettings, topology: str,
   and for an out-of-HBM compile the bytes XLA needed (`oom`)."""
   started = time.perf_counter()
   try:
-    row = validate(cfg, settings, topology, x, y, progress=progress)
-    row["compiled"].pop("collectives_list", None)
-    return row
+    return validate(cfg, settings, topology, x, y, progress=progress)
   except Exception as e:  # noqa: BLE001 - a failed compile is a result
     text = str(e)
     first = text.splitlines()[0] if text else ""

@@ -39,9 +39,6 @@ class Residual:
   op: str = ""  # the primitive that made it ("scan", "dot_general", ...)
   scopes: tuple[str, ...] = ()  # the named scopes it was made under
 
-  def under(self, scope: str) -> bool:
-    return scope in self.scopes
-
 
 @dataclasses.dataclass(frozen=True)
 class Traced:

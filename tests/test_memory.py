@@ -9,7 +9,6 @@ plus optax's int32 step counts (4 bytes each), which the closed forms omit.
 """
 
 import contextlib
-import dataclasses
 import math
 import os
 import types
@@ -27,7 +26,6 @@ from models.params import num_params
 from models.registry import load_model
 from models.rules import FSDP_TP
 from simulator import formulas, memory
-from simulator.batch_probe import rescale
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes
 from simulator.trace import fused_residuals, trace

@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import os
-import re
 
 import pytest
 
