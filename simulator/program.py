@@ -129,7 +129,8 @@ def _exps(spec) -> tuple[int, int]:
   return flat.count("X"), flat.count("Y")
 
 
-def _subjaxprs(eqn):
+def subjaxprs(eqn):
+  """(param name, jaxpr) for every jaxpr an equation carries."""
   for key, value in eqn.params.items():
     if isinstance(value, jcore.ClosedJaxpr):
       yield key, value.jaxpr
@@ -228,7 +229,7 @@ class _Walker:
       any_data = any(in_data)
       out_critical = any(o in critical for o in eqn.outvars)
 
-      subs = list(_subjaxprs(eqn))
+      subs = list(subjaxprs(eqn))
       if name == "scan":
         body = eqn.params["jaxpr"].jaxpr
         length = eqn.params["length"]

@@ -112,7 +112,8 @@ class _Plan:
   stacks: dict
 
 
-def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set) -> _Plan:
+def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
+          stacks: dict) -> _Plan:
   in_place = set(in_place_out)
   eqns = jaxpr.eqns
   n = len(eqns)
@@ -193,7 +194,6 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set) -> _Plan:
   for v, i in last.items():
     if v in size and v not in taken and size[v] != (0, 0):
       frees.setdefault(i, []).append(v)
-  stacks, _ = xla_rules.hoisted_stacks(jaxpr, local)
   return _Plan(jaxpr, size, frees, reuses, stacks)
 
 
@@ -209,8 +209,10 @@ class _Simulation:
   def plan(self, jaxpr, local: bool, in_place_out) -> _Plan:
     key = (id(jaxpr), local, tuple(map(id, in_place_out)))
     if key not in self.plans:
-      self.hoisted |= xla_rules.hoisted_stacks(jaxpr, local)[1]
-      self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted)
+      stacks, hoisted = xla_rules.hoisted_stacks(jaxpr, local)
+      self.hoisted |= hoisted
+      self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
+                              stacks)
     return self.plans[key]
 
   @staticmethod

@@ -55,6 +55,7 @@ from meshes.layout import MeshPlan
 from models import scopes
 from simulator.batch_probe import carries_batch
 from simulator.memory.tiling import TILE_MINOR
+from simulator.program import subjaxprs
 from simulator.step import device_shape
 from simulator.trace import VIEW_OPS, fusible, spec_of
 
@@ -112,14 +113,7 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool
 
 
 def _subjaxprs(eqn) -> list:
-  out = []
-  for value in eqn.params.values():
-    for v in value if isinstance(value, (tuple, list)) else (value,):
-      if isinstance(v, jcore.ClosedJaxpr):
-        out.append(v.jaxpr)
-      elif isinstance(v, jcore.Jaxpr):
-        out.append(v)
-  return out
+  return [jaxpr for _, jaxpr in subjaxprs(eqn)]
 
 
 def calls(eqn, local: bool) -> list[tuple[object, bool, list]]:
