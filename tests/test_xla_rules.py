@@ -19,17 +19,95 @@ def _eqn(jaxpr, name):
 
 
 def test_output_fusion_of_activations_not_of_weight_gradients():
-  """A matmul of activations (a probe-batch dim) read by elementwise ops
-  fuses into them; a batch-free matmul (a weight gradient) is a buffer."""
+  """A matmul of activations (a probe-batch dim) read by one elementwise op
+  fuses into it; a batch-free matmul (a weight gradient) is a buffer."""
   act = jax.make_jaxpr(lambda x, w: jnp.exp(x @ w))(
       jax.ShapeDtypeStruct((PROBE, 16), jnp.float32), jnp.ones((16, 8)))
   dot, exp = _eqn(act.jaxpr, "dot_general"), _eqn(act.jaxpr, "exp")
-  assert xla_rules.fused_away(dot, dot.outvars[0], [exp], [exp], False)
+  assert xla_rules.fused_away(dot, dot.outvars[0], [exp], [exp], False, True)
   grad = jax.make_jaxpr(lambda x, d: jnp.exp(x.T @ d))(
       jax.ShapeDtypeStruct((PROBE, 16), jnp.float32),
       jax.ShapeDtypeStruct((PROBE, 8), jnp.float32))
   dot, exp = _eqn(grad.jaxpr, "dot_general"), _eqn(grad.jaxpr, "exp")
   assert not xla_rules.fused_away(dot, dot.outvars[0], [exp], [exp], False)
+
+
+def _buffers(fn, *args) -> dict[str, int]:
+  """Bytes of each value's own buffer at its making equation (0: none)."""
+  j = jax.make_jaxpr(fn)(*args).jaxpr
+  plan = liveness._Simulation(j).plan(j, False, ())
+  return {f"{i}:{e.primitive.name}": sum(plan.size[v])
+          for i, e in enumerate(plan.jaxpr.eqns) for v in e.outvars}
+
+
+def test_a_matmul_fusion_ends_at_a_value_with_two_readers():
+  """The flash backward's p = exp(scores - lse), read by two fusions: the
+  matmul is computed once, p is its fusion's one buffer."""
+  def fn(q, k, lse, dp):
+    p = jnp.exp(q @ k - lse)
+    return p.astype(jnp.bfloat16), p * dp
+  x = jax.ShapeDtypeStruct((PROBE, 16), jnp.float32)
+  sizes = _buffers(fn, x, jnp.ones((16, 32)),
+                   jax.ShapeDtypeStruct((PROBE, 1), jnp.float32),
+                   jax.ShapeDtypeStruct((PROBE, 32), jnp.float32))
+  made = {k.split(":")[1]: v for k, v in sizes.items()
+          if k.split(":")[1] in ("dot_general", "sub", "exp")}
+  assert made == {"dot_general": 0, "sub": 0, "exp": PROBE * 32 * 4}
+
+
+def test_a_widening_cast_ends_a_matmul_fusion():
+  """q = x @ w in bf16, cast to f32 for the rope's split halves: the bf16
+  matmul result is the buffer, the cast fuses into the split."""
+  def fn(x, w):
+    q = (x @ w).astype(jnp.float32)
+    a, b = jnp.split(q, 2, axis=-1)
+    return a * 2.0, b * 3.0
+  sizes = _buffers(fn, jax.ShapeDtypeStruct((PROBE, 16), jnp.bfloat16),
+                   jnp.ones((16, 32), jnp.bfloat16))
+  dot = next(v for k, v in sizes.items() if k.endswith("dot_general"))
+  cast = next(v for k, v in sizes.items() if k.endswith("convert_element_type"))
+  assert (dot, cast) == (PROBE * 32 * 2, 0)
+
+
+def test_an_elementwise_producer_fuses_into_its_matmuls_unless_it_narrows():
+  """d(gate) = dh * silu(wi), read by two matmuls, is no buffer (dh, wi
+  are); a cast of an f32 norm to bf16 read by matmuls is one."""
+  def swiglu_grad(dh, wi, w):
+    d = dh * jax.nn.silu(wi)
+    return d @ w, d.T @ dh
+  bf = jax.ShapeDtypeStruct((PROBE, 32), jnp.bfloat16)
+  sizes = _buffers(swiglu_grad, bf, bf, jnp.ones((32, 8), jnp.bfloat16))
+  assert sizes[next(k for k in sizes if k.endswith(":mul"))] == 0
+
+  def norm_matmuls(x, w1, w2):
+    h = (x * 2.0).astype(jnp.bfloat16)
+    return h @ w1, h @ w2
+  sizes = _buffers(norm_matmuls, jax.ShapeDtypeStruct((PROBE, 32), jnp.float32),
+                   jnp.ones((32, 8), jnp.bfloat16), jnp.ones((32, 8), jnp.bfloat16))
+  cast = next(k for k in sizes if k.endswith("convert_element_type"))
+  assert sizes[cast] == PROBE * 32 * 2
+
+
+def test_weight_gradients_are_made_last_in_a_body():
+  """Inside a body, a weight-gradient matmul moves after the work that
+  does not need it (here a second matmul chain), with its chain."""
+  def body(x, dy, w):
+    dw = (x.T @ dy).astype(jnp.float32)  # weight gradient
+    dx = jnp.tanh(dy @ w.T) @ w  # the input gradient's work
+    return dw, dx
+  bf = jax.ShapeDtypeStruct((PROBE, 32), jnp.bfloat16)
+  j = jax.make_jaxpr(body)(bf, bf, jnp.ones((32, 32), jnp.bfloat16)).jaxpr
+  moved = xla_rules.defer_weight_grads(j)
+
+  def weight_grad_after_input_grad(jaxpr) -> bool:
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    grad = next(e for e in dots if PROBE not in e.outvars[0].aval.shape)
+    return jaxpr.eqns.index(grad) > max(jaxpr.eqns.index(e) for e in dots
+                                        if e is not grad)
+  assert not weight_grad_after_input_grad(j)
+  assert weight_grad_after_input_grad(moved)
+  assert sorted(map(id, moved.eqns)) == sorted(map(id, j.eqns))
+  assert moved.eqns[-1].primitive.name == "convert_element_type"
 
 
 def test_views_alias_their_operand():
@@ -89,9 +167,9 @@ def test_a_backward_loop_copies_a_weight_argument_to_the_transposed_layout(
 def test_the_output_projection_gradient_is_deferred_on_one_d_meshes():
   """On a 1-D mesh the loss's weight-gradient matmul moves after the layers'
   and the embedding's backward; on a 2-D mesh the rule does not apply."""
-  assert xla_rules.defers_output_grad(
+  assert xla_rules.defers_top_weight_grads(
       plan_mesh(parse_topology("v5p-8"), 4, 1))
-  assert not xla_rules.defers_output_grad(
+  assert not xla_rules.defers_top_weight_grads(
       plan_mesh(parse_topology("v5p-8"), 2, 2))
   plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
   j = trace_probe(load_model("tiny"), TrainSettings(batch=8, seq=128),
@@ -107,8 +185,8 @@ def test_the_output_projection_gradient_is_deferred_on_one_d_meshes():
                       if e.primitive.name == "scan")
     return loss_grad, layers_back
 
-  before, moved = order(j), order(xla_rules.defer_output_grad(j))
+  before, moved = order(j), order(xla_rules.defer_weight_grads(j))
   assert before[0] < before[1] and moved[0] > moved[1]
-  assert len(xla_rules.defer_output_grad(j).eqns) == len(j.eqns)
+  assert len(xla_rules.defer_weight_grads(j).eqns) == len(j.eqns)
   assert (liveness.simulate(j, 0, True).peak_at(1, 1)[0]
           >= liveness.simulate(j, 0, False).peak_at(1, 1)[0])

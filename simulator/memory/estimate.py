@@ -235,7 +235,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   donated = len(jax.tree.leaves(step.params)) + len(
       jax.tree.leaves(step.opt_state))
   points = liveness.simulate(traced.jaxpr, donated,
-                             xla_rules.defers_output_grad(plan))
+                             xla_rules.defers_top_weight_grads(plan))
   return _assemble(tuple(tensors), points, batch, batch,
                    plan.topology.chip.hbm_bytes, batch // per_device_batch)
 

@@ -136,13 +136,15 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       else:
         yield c
 
+  chained = xla_rules.matmul_fusion_chain(eqns, readers, outs, local)
   size: dict = {}
   for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
     eqn = eqns[i]
     for v in eqn.outvars:
       fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or (
           v not in outs and xla_rules.fused_away(
-              eqn, v, consumers.get(v, []), list(readers(v)), local)))
+              eqn, v, consumers.get(v, []), list(readers(v)), local,
+              v in chained)))
       if fused or v in in_place:
         size[v] = (0, 0)
         end = last.get(v, i)
@@ -201,7 +203,8 @@ class _Simulation:
   """One walk of a jaxpr and everything it calls. A point is (fixed, linear,
   where, path): path indexes the equations from the top jaxpr down."""
 
-  def __init__(self):
+  def __init__(self, top):
+    self.top = id(top)  # the step itself; every other jaxpr is a body
     self.plans: dict = {}
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
@@ -209,6 +212,8 @@ class _Simulation:
   def plan(self, jaxpr, local: bool, in_place_out) -> _Plan:
     key = (id(jaxpr), local, tuple(map(id, in_place_out)))
     if key not in self.plans:
+      if id(jaxpr) != self.top:  # a body: the deferred-weight-gradients rule
+        jaxpr = xla_rules.defer_weight_grads(jaxpr)
       stacks, hoisted = xla_rules.hoisted_stacks(jaxpr, local)
       self.hoisted |= hoisted
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
@@ -255,7 +260,7 @@ class _Simulation:
       return self.points[id(plan)]
     points = []
     for i, live, _ in self._walk(plan):
-      eqn = jaxpr.eqns[i]
+      eqn = plan.jaxpr.eqns[i]
       at = live
       for v in eqn.outvars:
         if v not in plan.reuses:
@@ -291,7 +296,7 @@ class _Simulation:
     for i, _, values in self._walk(plan):
       if i != target:
         continue
-      eqn = jaxpr.eqns[i]
+      eqn = plan.jaxpr.eqns[i]
       out = []
       for v in values:
         if v in plan.stacks:  # (stacked weight, dtype, rule)
@@ -357,15 +362,16 @@ class Points:
     return self._live[index]
 
 
-def simulate(jaxpr, donated_outputs: int, defer_output_grad: bool = False
+def simulate(jaxpr, donated_outputs: int, defer_top_weight_grads: bool = False
              ) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
-  outputs are written into donated argument buffers; `defer_output_grad`
-  applies xla_rules' deferred-output-gradient rule."""
+  outputs are written into donated argument buffers. The deferred-weight-
+  gradients rule applies in every body, and in the step itself where
+  `defer_top_weight_grads` (xla_rules.defers_top_weight_grads)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  if defer_output_grad:
-    jaxpr = xla_rules.defer_output_grad(jaxpr)
-  sim = _Simulation()
+  if defer_top_weight_grads:
+    jaxpr = xla_rules.defer_weight_grads(jaxpr)
+  sim = _Simulation(jaxpr)
   in_place = tuple(jaxpr.outvars[:donated_outputs])
   points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
   names = [_part(p[2]) for p in points]

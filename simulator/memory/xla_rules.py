@@ -11,12 +11,20 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   buffer, and its operands live until those readers run (the
                   norms' f32 chains, the loss's exp feeding its row sum: at
                   no dumped peak);
-  output fusion   a matmul of activations read only by elementwise ops is
-                  computed inside their fusion (the flash backward's scores,
-                  exp and cast make one bf16 buffer at the peak of gpt2
-                  v5p-8 1x4); a weight gradient, summed over the batch, is an
-                  f32 buffer of its own (f32[12565,768] at the peak of gpt2
-                  v5p-8 4x4);
+  output fusion   a matmul of activations is computed once, with the
+                  elementwise chain that reads it while each value has one
+                  reader: the chain's last value is the fusion's one buffer,
+                  a widening cast ends the chain before it (the flash
+                  backward's exp(scores - lse) is an f32 buffer read by two
+                  fusions, its ds one bf16 buffer, at the peak of llama2_13b
+                  v5p-32 16x1 b512: fusion.548/549; q and k stay bf16 there,
+                  their f32 casts fuse into the rope); a weight gradient,
+                  summed over the batch, is a buffer of its own (f32[12565,768]
+                  at the peak of gpt2 v5p-8 4x4);
+  into matmuls    an elementwise value read by matmuls whose operands are no
+                  wider than it is computed inside each matmul's fusion (the
+                  SwiGLU gradients d(gate) = dh * silu(wi) are not buffers at
+                  that llama2_13b peak: dh, wi and gate are);
   views           reshapes, transposes, casts to the same dtype alias their
                   operand;
   in place        a fusion's output takes the buffer of an operand of its size
@@ -36,12 +44,18 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   llama2_7b v5p-32 8x2 zero1 bf16), unless the argument is
                   stored transposed already (its last dim not a multiple of
                   128: no [32,4096,2752] copy in llama2_7b v5p-16 2x4 dp);
-  deferred output the output projection's weight gradient is made as late as
-  gradient        its readers allow on a 1-D mesh (X = 1 or Y = 1), after the
-                  layers' and the embedding's backward, with the f32 logits
-                  gradient live until then (live ranges of sixteen compiled
-                  configs: every 1-D mesh, no 2-D one but llama3_8b 32x2;
-                  why is the scheduler's, not derived here).
+  deferred weight a weight-gradient matmul is made as late as its readers
+  gradients       allow: in a layer's backward after the attention backward
+                  (the MLP's and attention's weight-gradient fusions come
+                  after the flash backward loop in the schedule of llama2_13b
+                  v5p-32 16x1 b512, positions 654-662 after while.331 at 580),
+                  and in the step itself for the output projection on a 1-D
+                  mesh (X = 1 or Y = 1), after the layers' and the embedding's
+                  backward, with the f32 logits gradient live until then
+                  (sixteen compiled configs: every 1-D mesh, no 2-D one but
+                  llama3_8b 32x2; not llama3_8b v5p-32 16x1 b256 s4096, nor
+                  llama2_7b v5p-64 32x1 materialized s4096; why is the
+                  scheduler's, not derived here).
 """
 
 from __future__ import annotations
@@ -90,6 +104,11 @@ def is_view(eqn) -> bool:
                                 == spec_of(eqn.outvars[0].aval))
 
 
+def elementwise(eqn) -> bool:
+  """One output, element for element from its operands."""
+  return fusible(eqn) and len(eqn.outvars) == 1
+
+
 def loop_fusible(eqn) -> bool:
   return fusible(eqn) or eqn.primitive.name in _LOOP_OPS
 
@@ -99,17 +118,65 @@ def absorbs(eqn) -> bool:
   return loop_fusible(eqn) or is_view(eqn) or eqn.primitive.name in _REDUCE_OPS
 
 
-def fused_away(eqn, v, readers: list, through_views: list, local: bool
-               ) -> bool:
+def activation_matmul(eqn, local: bool) -> bool:
+  """A matmul whose result carries the batch (not a weight gradient)."""
+  return eqn.primitive.name == "dot_general" and carries_batch(
+      shape_of(eqn.outvars[0].aval, local))
+
+
+def fused_away(eqn, v, readers: list, through_views: list, local: bool,
+               in_matmul_fusion: bool = False) -> bool:
   """Whether `v`, made by `eqn`, has no buffer of its own: `readers` are the
-  equations that read it, `through_views` the same seen through views."""
+  equations that read it, `through_views` the same seen through views;
+  `in_matmul_fusion`: `v` is an activation matmul's result or made from one
+  by the elementwise chain its output fusion takes in."""
   if is_view(eqn):
     return True
-  if eqn.primitive.name == "dot_general":  # output fusion
-    if not carries_batch(shape_of(v.aval, local)):
-      return False  # a weight gradient: summed over the batch in f32
-    return bool(through_views) and all(loop_fusible(c) for c in through_views)
-  return loop_fusible(eqn) and all(absorbs(c) for c in readers)
+  if eqn.primitive.name == "dot_general" and not in_matmul_fusion:
+    return False  # a weight gradient: summed over the batch in f32
+  if in_matmul_fusion:  # the matmul is not recomputed: one reader goes on
+    return (len({id(c) for c in through_views}) == 1
+            and elementwise(through_views[0])
+            and not widening(through_views[0]))
+  return loop_fusible(eqn) and all(
+      absorbs(c) or (c.primitive.name == "dot_general" and _no_wider(eqn))
+      for c in readers)
+
+
+def _itemsize(v) -> int:
+  return np.dtype(v.aval.dtype).itemsize
+
+
+def _no_wider(eqn) -> bool:
+  """An elementwise op whose operands are no wider than its result (a
+  matmul takes it into its fusion: no more bytes read than the result's)."""
+  return elementwise(eqn) and all(
+      _itemsize(u) <= _itemsize(eqn.outvars[0]) for u in eqn.invars
+      if isinstance(u, jcore.Var))
+
+
+def widening(eqn) -> bool:
+  """A cast to a wider dtype: it ends a matmul's output fusion (the
+  narrower matmul result is the buffer; the cast fuses into its readers)."""
+  return (eqn.primitive.name == "convert_element_type"
+          and _itemsize(eqn.outvars[0]) > _itemsize(eqn.invars[0]))
+
+
+def matmul_fusion_chain(eqns, readers, outs: set, local: bool) -> set:
+  """The values made inside activation matmuls' output fusions: each
+  matmul's result, and what the elementwise ops reading it make while each
+  value has one reader (`readers(v)`: v's readers through views) and is not
+  one of the jaxpr's outputs `outs`; the chain's last value is the fusion's
+  output."""
+  chained: set = set()
+  for eqn in eqns:
+    if activation_matmul(eqn, local) or (
+        (elementwise(eqn) and not widening(eqn) or is_view(eqn))
+        and any(isinstance(u, jcore.Var) and u in chained and u not in outs
+                and len({id(c) for c in readers(u)}) == 1
+                for u in eqn.invars)):
+      chained.update(eqn.outvars)
+  return chained
 
 
 def _subjaxprs(eqn) -> list:
@@ -197,34 +264,54 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   return stacks, hoisted
 
 
-def defers_output_grad(plan: MeshPlan) -> bool:
-  """Where the deferred-output-gradient rule applies: a 1-D mesh."""
+def defers_top_weight_grads(plan: MeshPlan) -> bool:
+  """Where the deferred-weight-gradients rule applies in the step itself
+  (to the output projection's gradient): a 1-D mesh."""
   return plan.X == 1 or plan.Y == 1
 
 
-def defer_output_grad(jaxpr):
-  """The step with the output projection's weight gradient (the loss's
-  batch-free matmul) and what is made from it alone moved as late as their
-  readers allow (the deferred-output-gradient rule)."""
+def _is_weight_grad(eqn) -> bool:
+  """A matmul contracting the batch away: batch-carrying operands, a
+  batch-free result (a weight gradient)."""
+  return (eqn.primitive.name == "dot_general"
+          and not any(carries_batch(device_shape(v.aval)) for v in eqn.outvars)
+          and any(isinstance(v, jcore.Var) and carries_batch(device_shape(v.aval))
+                  for v in eqn.invars))
+
+
+def defer_weight_grads(jaxpr):
+  """`jaxpr` with every weight-gradient matmul, and what is made from it
+  alone, moved as late as its readers allow (the deferred-weight-gradients
+  rule)."""
   eqns = list(jaxpr.eqns)
-  grads = [i for i, e in enumerate(eqns) if e.primitive.name == "dot_general"
-           and scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)
-           and not any(carries_batch(device_shape(v.aval)) for v in e.outvars)]
-  if not grads:
-    return jaxpr
-  start = grads[0]
-  chain, made = [eqns[start]], set(eqns[start].outvars)
-  reader = len(eqns)
-  for i in range(start + 1, len(eqns)):
-    e = eqns[i]
+  deferred: set = set()
+  made: set = set()
+  for i, e in enumerate(eqns):
     reads = [v for v in e.invars if isinstance(v, jcore.Var)]
-    if not any(v in made for v in reads):
-      continue
-    if len(e.invars) == 1 or all(v in made for v in reads):
-      chain.append(e)  # a cast or reshard of the gradient alone
+    if _is_weight_grad(e) or (reads and any(v in made for v in reads) and (
+        len(reads) == 1 or all(v in made for v in reads))
+        and not any(True for _ in subjaxprs(e))):  # a call reads on
+      deferred.add(i)
       made.update(e.outvars)
-    else:
-      reader = i  # the first that needs something else too
-      break
-  rest = [e for e in eqns[start + 1:reader] if e not in chain]
-  return jaxpr.replace(eqns=eqns[:start] + rest + chain + eqns[reader:])
+  if not deferred:
+    return jaxpr
+  producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+  order: list = []
+  emitted: set = set()
+
+  def emit(i):
+    if i in emitted:
+      return
+    for v in eqns[i].invars:
+      if isinstance(v, jcore.Var) and v in producer and producer[v] in deferred:
+        emit(producer[v])
+    emitted.add(i)
+    order.append(i)
+
+  for i, e in enumerate(eqns):
+    if i in deferred:
+      continue
+    emit(i)
+  for i in sorted(deferred):
+    emit(i)
+  return jaxpr.replace(eqns=[eqns[i] for i in order])
