@@ -45,7 +45,7 @@ def _string_tensor(values: Iterable[bytes], shape: tuple[int, ...]) -> tensor_pb
       tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=dims))
 
 
-def _hparam_domain(values: list[Any]) -> hp.HParam:
+def _hparam_domain(values: list[Any]) -> hp.Discrete:
   return hp.Discrete(sorted(set(values)))
 
 
@@ -138,8 +138,14 @@ SWEEP_METRICS = {
     "memory/compiled_peak_gib": ("compiled_peak_bytes", 1 / GiB,
                                  "compiler's peak GiB per device (top-k only)"),
 }
+# TensorBoard shows a numeric hparam as "16.000": counts are written as text.
+_COUNT_HPARAMS = ("X", "Y", "batch")
+
+
 def _hparam(r: Mapping[str, Any], name: str) -> Any:
-  return f"{r['X']}x{r['Y']}" if name == "mesh" else r[name]
+  if name == "mesh":
+    return f"{r['X']}x{r['Y']}"
+  return str(r[name]) if name in _COUNT_HPARAMS else r[name]
 
 
 def session_name(r: Mapping[str, Any]) -> str:

@@ -89,6 +89,8 @@ def test_server_serves_runs_scalars_hparams_and_text(tmp_path):
       assert m["perf/tokens_per_s"] == pytest.approx(r["tokens_per_s"],
                                                      rel=1e-6)
     hparams = groups["sessionGroups"][0]["hparams"]
+    assert all(isinstance(hparams[k], str) and hparams[k].isdigit()
+               for k in ("X", "Y", "batch"))  # shown as "16", not "16.000"
     assert {"model", "topology", "mesh"} <= set(hparams)
     assert hparams["model"] == "tiny" and "x" in hparams["mesh"]
   finally:

@@ -39,3 +39,14 @@ def test_session_metrics_skip_missing_and_failed():
   assert m["memory/peak_gib"] == 2.0 and "perf/threshold_tokens" not in m
   assert "memory/compiled_peak_gib" not in m
   assert tbw.session_metrics(dict(status="failed")) == {}
+
+
+def test_count_hparams_are_text():
+  """X, Y and batch are written as text: TensorBoard shows a numeric hparam
+  as "16.000"."""
+  from experiments import tensorboard_writer as tw
+  r = {"X": 16, "Y": 2, "batch": 128, "remat": "full"}
+  assert [tw._hparam(r, k) for k in ("X", "Y", "batch", "mesh", "remat")] == [
+      "16", "2", "128", "16x2", "full"]
+  assert set(tw._hparam_domain(["16", "2", "128", "2"]).values) == {
+      "2", "16", "128"}
