@@ -234,8 +234,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   tensors = _state_tensors(traced, tiled) + _saved_tensors(traced.residuals)
   donated = len(jax.tree.leaves(step.params)) + len(
       jax.tree.leaves(step.opt_state))
-  points = liveness.simulate(traced.jaxpr, donated,
-                             xla_rules.defers_top_weight_grads(plan))
+  points = liveness.simulate(traced.jaxpr, donated)
   return _assemble(tuple(tensors), points, batch, batch,
                    plan.topology.chip.hbm_bytes, batch // per_device_batch)
 

@@ -203,8 +203,7 @@ class _Simulation:
   """One walk of a jaxpr and everything it calls. A point is (fixed, linear,
   where, path): path indexes the equations from the top jaxpr down."""
 
-  def __init__(self, top):
-    self.top = id(top)  # the step itself; every other jaxpr is a body
+  def __init__(self):
     self.plans: dict = {}
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
@@ -212,8 +211,7 @@ class _Simulation:
   def plan(self, jaxpr, local: bool, in_place_out) -> _Plan:
     key = (id(jaxpr), local, tuple(map(id, in_place_out)))
     if key not in self.plans:
-      if id(jaxpr) != self.top:  # a body: the deferred-weight-gradients rule
-        jaxpr = xla_rules.defer_weight_grads(jaxpr)
+      jaxpr = xla_rules.defer_weight_grads(jaxpr)
       stacks, hoisted = xla_rules.hoisted_stacks(jaxpr, local)
       self.hoisted |= hoisted
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
@@ -362,16 +360,11 @@ class Points:
     return self._live[index]
 
 
-def simulate(jaxpr, donated_outputs: int, defer_top_weight_grads: bool = False
-             ) -> Points:
+def simulate(jaxpr, donated_outputs: int) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
-  outputs are written into donated argument buffers. The deferred-weight-
-  gradients rule applies in every body, and in the step itself where
-  `defer_top_weight_grads` (xla_rules.defers_top_weight_grads)."""
+  outputs are written into donated argument buffers."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  if defer_top_weight_grads:
-    jaxpr = xla_rules.defer_weight_grads(jaxpr)
-  sim = _Simulation(jaxpr)
+  sim = _Simulation()
   in_place = tuple(jaxpr.outvars[:donated_outputs])
   points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
   names = [_part(p[2]) for p in points]

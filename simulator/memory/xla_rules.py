@@ -49,13 +49,18 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   (the MLP's and attention's weight-gradient fusions come
                   after the flash backward loop in the schedule of llama2_13b
                   v5p-32 16x1 b512, positions 654-662 after while.331 at 580),
-                  and in the step itself for the output projection on a 1-D
-                  mesh (X = 1 or Y = 1), after the layers' and the embedding's
-                  backward, with the f32 logits gradient live until then
-                  (sixteen compiled configs: every 1-D mesh, no 2-D one but
-                  llama3_8b 32x2; not llama3_8b v5p-32 16x1 b256 s4096, nor
-                  llama2_7b v5p-64 32x1 materialized s4096; why is the
-                  scheduler's, not derived here).
+                  and in the step itself the output projection's after the
+                  layers' and the embedding's backward, with the f32 logits
+                  gradient live until then. For the output projection this is
+                  the upper bound: of twelve dumped schedules XLA holds the
+                  logits gradient through the layers' backward in four
+                  (llama3_8b 32x2, llama2_7b v5e 16x2, mistral 16x2,
+                  llama2_13b 16x1 b512) and makes that gradient first in
+                  eight (gpt2 4x1 dp, llama2_7b 2x4 dp, 4x4 zero2, 32x1 at
+                  seq 2048 and 4096 with either attention, llama3_8b 16x1
+                  b256 s4096, mistral 16x1 s4096); which one
+                  its scheduler picks is not derived here, so the simulation
+                  takes the one that holds more.
 """
 
 from __future__ import annotations
@@ -65,7 +70,6 @@ import math
 import numpy as np
 from jax.extend import core as jcore
 
-from meshes.layout import MeshPlan
 from models import scopes
 from simulator.batch_probe import carries_batch
 from simulator.memory.tiling import TILE_MINOR
@@ -262,12 +266,6 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
       stacks[key] = (first, i, (math.prod(shape) * np.dtype(dtype).itemsize,
                                 0))
   return stacks, hoisted
-
-
-def defers_top_weight_grads(plan: MeshPlan) -> bool:
-  """Where the deferred-weight-gradients rule applies in the step itself
-  (to the output projection's gradient): a 1-D mesh."""
-  return plan.X == 1 or plan.Y == 1
 
 
 def _is_weight_grad(eqn) -> bool:
