@@ -29,6 +29,13 @@ def define_model_flags() -> None:
   flags.DEFINE_string("mesh", None, "XxY, e.g. 16x4 (X: FSDP/data, Y: tensor);"
                       " default: all chips on X")
   flags.DEFINE_enum("format", "text", ["text", "json"], "output format")
+  flags.DEFINE_string("maxtext", None, "a MaxText run's overrides, 'key=value "
+                      "...' or @FILE (e.g. 'global_parameter_scale=32 "
+                      "per_device_batch_size=6 remat_policy=minimal "
+                      "ici_tensor_parallelism=4'): sets --model, --mesh, "
+                      "--batch, --seq, --remat, --attention, --precision and "
+                      "--optimizer for --topology, prints the mapping and what "
+                      "it cannot express")
 
 
 def define_train_flags() -> None:
@@ -78,14 +85,50 @@ def _repeated(argv: list[str]) -> str | None:
   return None
 
 
+# A flag --maxtext sets, by the name an experiment may give it instead.
+_PLURAL = {"batch": "batches", "remat": "remats", "optimizer": "optimizers"}
+
+
+def _apply_maxtext() -> None:
+  """Set the flags a --maxtext run maps to; a flag also given on the
+  command line is an error, naming both."""
+  from meshes.topology import parse_topology
+  from models.maxtext import maxtext_run
+  f = flags.FLAGS
+  text = f.maxtext
+  if text.startswith("@"):
+    with open(text[1:]) as fh:
+      text = fh.read()
+  run = maxtext_run(text, parse_topology(f.topology).chips)
+  for name, value in run.flags.items():
+    flag = name if name in f else _PLURAL.get(name)
+    if flag not in f:
+      continue
+    if f[flag].present:
+      raise ValueError(f"--{flag}={f[flag].value} and --maxtext (which sets "
+                       f"--{flag}={value}) are both given; give one")
+    f[flag].parse(value)
+  lines = [f"maxtext: {m}" for m in run.mapping]
+  if run.unexpressed:
+    lines.append("maxtext: not expressed here (ignored): "
+                 + ", ".join(run.unexpressed))
+  print("\n".join(lines), file=sys.stderr)
+
+
 def _parse(argv: list[str]) -> list[str]:
   repeated = _repeated(argv)
   if repeated:
     fail(repeated)
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e).splitlines()[0])
+  if "maxtext" in flags.FLAGS and flags.FLAGS.maxtext:
+    try:
+      _apply_maxtext()
+    except (ValueError, OSError) as e:
+      fail(str(e).splitlines()[0])
+  return rest
 
 
 def run(main: Callable[[list[str]], None]) -> None:

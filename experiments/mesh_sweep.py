@@ -194,13 +194,17 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   wanted = {c.key for c in spec.configs(topo)}
   records = [r for r in results.load() if search.record_key(r) in wanted]
   ranked = search.rank(records)
-  to_confirm = [r for r in ranked[:top_k] if r.get("status") == "ok"
-                and "compiled_peak_bytes" not in r and "compile_error" not in r]
-  for r in tqdm(to_confirm, desc="compile", disable=not progress, file=sys.stderr):
-    r.update(search.confirm(sweep, r))
-    results.update([r])
-  records = [r for r in results.load() if search.record_key(r) in wanted]
-  ranked = search.rank(records)
+  bar = tqdm(desc="compile", disable=not progress, file=sys.stderr)
+  while True:  # a plan the compiler refutes drops; the next one is confirmed
+    todo = [r for r in ranked[:top_k] if r.get("status") == "ok"
+            and "compiled_peak_bytes" not in r and "compile_error" not in r]
+    if not todo:
+      break
+    todo[0].update(search.confirm(sweep, todo[0]))
+    results.update([todo[0]])
+    bar.update()
+    ranked = search.rank(ranked)
+  bar.close()
   text = search.table(ranked)
   why = search.recommendation(ranked)
   print(text, file=out)

@@ -77,12 +77,12 @@ def mfu_grid(records: list[Mapping[str, Any]]):
 
 
 def mfu_heatmap(records: list[Mapping[str, Any]]) -> Image.Image:
-  """The best roofline MFU per (X, batch) over the other swept choices."""
+  """The best predicted MFU per (X, batch) over the other swept choices."""
   xs, bs, grid, fits = mfu_grid(records)
   fig, ax = plt.subplots(figsize=(1.0 * len(bs) + 3, 0.5 * len(xs) + 2))
   shown = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", vmin=0,
                     vmax=1, aspect="auto")
-  fig.colorbar(shown, ax=ax, label="roofline MFU (a bound)")
+  fig.colorbar(shown, ax=ax, label="predicted MFU (simulator.roofline step time)")
   for i in range(len(xs)):
     for j in range(len(bs)):
       if np.isnan(grid[i, j]):
@@ -97,6 +97,6 @@ def mfu_heatmap(records: list[Mapping[str, Any]]) -> Image.Image:
       xs, [next(r["Y"] for r in records if r["X"] == x) for x in xs])])
   ax.set_xlabel("global batch (sequences)")
   ax.set_ylabel("mesh X x Y")
-  ax.set_title("Best roofline MFU per mesh and batch\n'no plan': every "
+  ax.set_title("Best predicted MFU per mesh and batch\n'no plan': every "
                "config there failed (see the ranked table)", fontsize=9)
   return _image(fig)

@@ -129,7 +129,10 @@ SWEEP_METRICS = {
     "memory/peak_gib": ("peak_bytes", 1 / GiB, "estimated peak GiB per device"),
     "memory/fits": ("fits", 1, "1 if the peak fits in HBM"),
     "perf/step_time_s": ("step_time_s", 1, "estimated step time, seconds"),
-    "perf/mfu": ("mfu", 1, "model FLOPs utilisation (the roofline's bound)"),
+    "perf/mfu": ("mfu", 1, "predicted MFU: the step-time model's (matmuls, "
+                 "HBM-bound fusions, exposed collectives)"),
+    "perf/roofline_mfu": ("roofline_mfu", 1, "the roofline's MFU bound "
+                          "(matmuls and exposed collectives only)"),
     "perf/tokens_per_s": ("tokens_per_s", 1,
                           "estimated tokens per second (what ranks plans)"),
     "perf/threshold_tokens": ("threshold_tokens_global", 1,
@@ -183,7 +186,7 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
             description="what is live at each plan's peak, per device, "
             "stacked to the planned peak")
     w.image("perf/mfu_heatmap", sweep_plots.mfu_heatmap(ranked),
-            description="best roofline MFU per (X, batch)")
+            description="best predicted MFU per (X, batch)")
   for r in ok:
     with MetricsWriter(os.path.join(root, "sessions", session_name(r))) as w:
       w.session({h: _hparam(r, h) for h in SWEEP_HPARAMS}, session_metrics(r),

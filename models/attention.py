@@ -13,6 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from models import scopes
+
 IMPLEMENTATIONS = ("materialized", "flash")
 FLASH_BLOCK = 512
 
@@ -48,6 +50,16 @@ def _blocks(x, block):
   return jnp.moveaxis(x, 1, 0)
 
 
+def _kernel(fn):
+  """`fn` traced under the fused-kernel scope (models.scopes.KERNEL)."""
+  @functools.wraps(fn)
+  def wrapped(*args):
+    with jax.named_scope(scopes.KERNEL):
+      return fn(*args)
+  return wrapped
+
+
+@_kernel
 def _forward(q, k, v, block):
   s = q.shape[1]
   q_pos = jnp.arange(s)
@@ -75,6 +87,7 @@ def _forward(q, k, v, block):
   return out, m + jnp.log(l)
 
 
+@_kernel
 def _backward(block, res, d_out):
   q, k, v, out, lse = res
   s = q.shape[1]

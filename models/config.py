@@ -6,7 +6,7 @@ import dataclasses
 
 NORMS = ("rms", "layer", "none")
 POSITIONS = ("rope", "learned", "none")
-MLPS = ("swiglu", "geglu", "gelu", "linear")
+MLPS = ("swiglu", "geglu", "gelu", "relu", "linear")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,6 +14,8 @@ class ModelConfig:
   """A decoder-only LM (or the attention-free XXL FFN stack when attention=False).
 
   `linear` MLP is two matmuls with no activation (seed 004's XXL model).
+  `parallel_block`: one norm feeds attention and the MLP, whose outputs are
+  added to the residual together (PaLM; MaxText's 2023 default decoder).
   """
 
   name: str
@@ -37,6 +39,7 @@ class ModelConfig:
   norm_eps: float = 1e-5
   rope_theta: float = 10000.0
   embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(d_model)
+  parallel_block: bool = False  # attention and MLP side by side (PaLM)
 
   def __post_init__(self):
     positive = ["d_model", "n_layers", "d_ff"]
@@ -59,5 +62,7 @@ class ModelConfig:
     if self.attention and self.n_heads % self.n_kv_heads:
       raise ValueError(f"model {self.name!r}: n_heads={self.n_heads} is not a "
                        f"multiple of n_kv_heads={self.n_kv_heads}")
+    if self.parallel_block and not self.attention:
+      raise ValueError(f"model {self.name!r}: parallel_block needs attention")
     if self.tie_embeddings and not self.embeddings:
       raise ValueError(f"model {self.name!r}: tie_embeddings needs embeddings")

@@ -91,7 +91,8 @@ class Dense(nn.Module):
 
 
 class Mlp(nn.Module):
-  """SwiGLU / GeGLU (gated), GELU, or `linear`: two matmuls, no activation."""
+  """SwiGLU / GeGLU (gated), GELU or ReLU, or `linear`: two matmuls, no
+  activation."""
 
   kind: str
   d_model: int
@@ -109,12 +110,13 @@ class Mlp(nn.Module):
                             "bsd,df->bsf", ("batch", "length", "mlp"),
                             name=name, **common)
     x_BxSxD = checkpoint_name(x_BxSxD, "mlp_in")
-    h_BxSxF = up("wi")(x_BxSxD)
+    h_BxSxF = checkpoint_name(up("wi")(x_BxSxD), "mlpwi")
     if self.kind in ("swiglu", "geglu"):
       act = jax.nn.silu if self.kind == "swiglu" else jax.nn.gelu
-      h_BxSxF = act(h_BxSxF) * up("wi_gate")(x_BxSxD)
-    elif self.kind == "gelu":
-      h_BxSxF = jax.nn.gelu(h_BxSxF)
+      h_BxSxF = act(h_BxSxF) * checkpoint_name(up("wi_gate")(x_BxSxD), "mlpwi")
+    elif self.kind in ("gelu", "relu"):
+      h_BxSxF = (jax.nn.gelu if self.kind == "gelu" else jax.nn.relu)(h_BxSxF)
     h_BxSxF = checkpoint_name(h_BxSxF, "mlp_hidden")
-    return Dense((self.d_ff, self.d_model), ("mlp", "embed"), "bsf,fd->bsd",
-                 ("batch", "length", "embed"), name="wo", **common)(h_BxSxF)
+    return checkpoint_name(Dense(
+        (self.d_ff, self.d_model), ("mlp", "embed"), "bsf,fd->bsd",
+        ("batch", "length", "embed"), name="wo", **common)(h_BxSxF), "mlpwo")

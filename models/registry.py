@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from models.config import ModelConfig
 from models.hf_config import from_hf_config
+from models.maxtext import model_by_name
 from models.presets import PRESETS
 
 
 def load_model(name: str) -> ModelConfig:
   if name.endswith(".json"):
     return from_hf_config(name)
+  scaled = model_by_name(name)
+  if scaled is not None:
+    return scaled
   if name not in PRESETS:
-    raise ValueError(f"unknown model {name!r}; valid: {', '.join(PRESETS)} or "
-                     f"a path to a Hugging Face config.json")
+    raise ValueError(f"unknown model {name!r}; valid: {', '.join(PRESETS)}, "
+                     f"maxtext-<N>b / maxtext2023-<N>b (MaxText's "
+                     f"global_parameter_scale N) or a path to a Hugging Face "
+                     f"config.json")
   return PRESETS[name]
 

@@ -11,6 +11,10 @@ frame names or tracebacks (which change with where packages are installed).
   LOSS    the loss from the last hidden state: the output projection's
           logits and the loss over them (seed 004's XXL stack, which has no
           output layer, a stand-in that reads every output).
+  KERNEL  work one fused kernel does on chip: the blockwise (flash)
+          attention, which on TPU runs as a Pallas kernel keeping its blocks
+          in VMEM (MaxText's `attention=flash`); the step-time model counts
+          its FLOPs but no HBM traffic of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import re
 
 LAYERS = "layers"
 LOSS = "loss"
+KERNEL = "fused_kernel"
 
 _TRANSFORM = re.compile(r"\w+\(|\)")  # jvp(...), transpose(...), remat(...)
 

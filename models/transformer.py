@@ -79,9 +79,10 @@ class Attention(nn.Module):
     o = attention.attend(self.impl, q_BxSxKxGxH, k, v)
     o_BxSxNxH = checkpoint_name(_reshape(
         o, q.shape, self.rules, ("batch", "length", "heads", "kv")), "attn_out")
-    return Dense((c.n_heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
-                 "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o",
-                 **{**common, "bias_dims": 1})(o_BxSxNxH)
+    return checkpoint_name(Dense(
+        (c.n_heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
+        "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o",
+        **{**common, "bias_dims": 1})(o_BxSxNxH), "out_proj")
 
 
 class Block(nn.Module):
@@ -98,14 +99,17 @@ class Block(nn.Module):
                              name=name)
     mods = dict(rules=self.rules, dtype=self.dtype,
                 param_dtype=self.param_dtype)
+    mlp = Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp", **mods)
+    if c.parallel_block:
+      h = norm("pre_norm")(activation(x_BxSxD, GATHERED, self.rules))
+      attn = Attention(c, impl=self.attention, name="attn", **mods)(h)
+      return x_BxSxD + (attn + mlp(h)), None  # one TP reduction for both
     if c.attention:
       h = norm("attn_norm")(activation(x_BxSxD, GATHERED, self.rules))
       x_BxSxD = x_BxSxD + Attention(c, impl=self.attention, name="attn",
                                     **mods)(h)
     h = norm("mlp_norm")(activation(x_BxSxD, GATHERED, self.rules))
-    x_BxSxD = x_BxSxD + Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp",
-                            **mods)(h)
-    return x_BxSxD, None
+    return x_BxSxD + mlp(h), None
 
 
 class Decoder(nn.Module):

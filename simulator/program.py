@@ -31,6 +31,7 @@ from typing import Any
 import jax
 from jax.extend import core as jcore
 
+from models import scopes
 from models.scopes import scopes_of
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
@@ -88,11 +89,25 @@ class Dot:
   dims: tuple[int, ...]  # output then contracting dims: FLOPs = 2·their product
 
 
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+  """The HBM bytes one fusion moves per execution on one device: the
+  buffers it writes and reads (simulator.memory.liveness.hbm_traffic), for
+  work that is neither a matmul, a collective nor inside a fused kernel."""
+
+  fixed: int
+  linear: int  # the bytes that carry the batch, at the traced batch
+  count: int
+  layer: str
+  phase: str
+
+
 @dataclasses.dataclass
 class Program:
   collectives: list[Collective]
   dots: list[Dot]
   mesh_sizes: dict[str, int]
+  traffic: list[Traffic] = dataclasses.field(default_factory=list)
 
 
 def _spec(aval, ndim: int) -> tuple[tuple[str, ...], ...]:
@@ -159,6 +174,19 @@ class _Walker:
     self.sizes = {a: s for a, s in sizes.items()}
     self.collectives: list[Collective] = []
     self.dots: list[Dot] = []
+    self.traffic: list[Traffic] = []
+    self._fusions: dict = {}
+
+  def _traffic(self, jaxpr, i: int, ctx) -> None:
+    """The HBM traffic of equation i of `jaxpr`, if it makes a buffer."""
+    from simulator.memory.liveness import hbm_traffic
+    key = (id(jaxpr), bool(ctx.get("manual")))
+    if key not in self._fusions:
+      self._fusions[key] = hbm_traffic(jaxpr, local=bool(ctx.get("manual")))
+    moved = self._fusions[key].get(i)
+    if moved:
+      self.traffic.append(Traffic(moved[0], moved[1], ctx["mult"],
+                                  ctx["layer"], ctx["phase"]))
 
   # -- helpers -------------------------------------------------------------
   def _active(self, axis):
@@ -211,7 +239,7 @@ class _Walker:
         stack += [i for i in e.invars if isvar(i)]
 
     gathered: set = set()
-    for eqn in jaxpr.eqns:
+    for index, eqn in enumerate(jaxpr.eqns):
       name = eqn.primitive.name
       ns = str(eqn.source_info.name_stack)
       phase = ctx["phase"]
@@ -289,6 +317,9 @@ class _Walker:
 
       for o in eqn.outvars:
         data[o] = any_data
+      if (ctx["mult"] and name not in _NO_TRAFFIC
+          and scopes.KERNEL not in scopes_of(ns)):
+        self._traffic(jaxpr, index, ectx)
       if ctx.get("manual"):
         self._manual(eqn, ectx, source, any_data, out_critical)
         continue
@@ -303,9 +334,32 @@ class _Walker:
         p = pending.get(eqn.invars[0])
         if p:
           pending[eqn.outvars[0]] = p
+      elif name in ("add", "add_any") and all(map(isvar, eqn.invars)):
+        merged = self._reassociate(*(pending.get(v, ()) for v in eqn.invars))
+        if merged:
+          pending[eqn.outvars[0]] = merged
     outs = [get(v) for v in jaxpr.outvars]
     pend = [pending.get(v) if isvar(v) else None for v in jaxpr.outvars]
     return outs, pend
+
+  def _reassociate(self, a: list, b: list) -> list:
+    """XLA's all-reduce and reduce-scatter reassociation
+    (all_reduce_reassociate.cc, reduce_scatter_reassociate.cc):
+    add(all-reduce(x), all-reduce(y)) is all-reduce(add(x, y)), one
+    collective where the program had two. Returns the sum's records."""
+    if not a or not b:
+      return []
+    merged = list(a)
+    for rec in b:
+      twin = next((r for r in merged if (r.kind, r.axis, r.bytes_per_device,
+                                         r.count) == (rec.kind, rec.axis,
+                                                      rec.bytes_per_device,
+                                                      rec.count)), None)
+      if twin is None:
+        merged.append(rec)
+      elif any(c is rec for c in self.collectives):
+        self.collectives = [c for c in self.collectives if c is not rec]
+    return merged
 
   # -- primitives ----------------------------------------------------------
   def _reshard(self, eqn, ctx, source, data, critical, pending, gathered):
@@ -467,6 +521,12 @@ class _Walker:
                  aval.dtype, source, data, critical, nbytes=nbytes)
 
 
+# Not fusions' HBM traffic: matmuls (timed by FLOPs) and collectives.
+_NO_TRAFFIC = {"dot_general", "reshard", "psum", "psum_invariant",
+               "all_gather", "all_gather_invariant", "reduce_scatter",
+               "psum_scatter", "all_to_all", "ppermute"}
+
+
 def read_program(closed_jaxpr, data_invars: int) -> Program:
   """Walk `closed_jaxpr`; its last `data_invars` inputs are the batch (data)."""
   sizes = _mesh_sizes(closed_jaxpr)
@@ -476,7 +536,7 @@ def read_program(closed_jaxpr, data_invars: int) -> Program:
   walker = _Walker(sizes)
   ctx = dict(mult=1, layer=None, phase="optimizer", depth=0, prefix="")
   walker.walk(jaxpr, flags, ctx)
-  return Program(walker.collectives, walker.dots, sizes)
+  return Program(walker.collectives, walker.dots, sizes, walker.traffic)
 
 
 def read_traced(traced) -> Program:

@@ -68,6 +68,7 @@ class Hardware:
   link_bandwidth: float  # one-way B/s per ICI link (v5p: 9e10; W_ici = 2x this)
   ring: str = "book"  # "book": f = 1; "exact": (n-1)/n
   wraparound: bool | None = None  # None: the plan's; True/False: force both axes
+  hbm_bandwidth: float = 0.0  # B/s; 0: memory-bound work is not timed
 
   @classmethod
   def for_plan(cls, plan: MeshPlan, flops_per_chip=None, link_bandwidth=None,
@@ -78,7 +79,8 @@ class Hardware:
       if v is not None and not v > 0:
         raise ValueError(f"{name}={v} must be positive")
     return cls(flops_per_chip or chip.bf16_flops,
-               link_bandwidth or chip.ici_link_bandwidth, ring, wraparound)
+               link_bandwidth or chip.ici_link_bandwidth, ring, wraparound,
+               chip.hbm_bandwidth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +113,17 @@ class Work:
 
 
 @dataclasses.dataclass(frozen=True)
+class Hbm:
+  """A fusion's HBM bytes per device = b0 + b1·T (T: global tokens)."""
+
+  layer: str
+  phase: str
+  count: int
+  b0: float
+  b1: float
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshModel:
   """Linear-in-tokens model of one traced mesh: cheap to evaluate at any batch."""
 
@@ -119,6 +132,7 @@ class MeshModel:
   work: tuple[Work, ...]
   layer_count: dict[str, int]
   seq: int
+  hbm: tuple[Hbm, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +144,7 @@ class LayerTimes:
   t_comm_overlappable: float
   exposed: float
   threshold_tokens_global: float
+  t_hbm: float = 0.0  # per instance: its fusions' HBM bytes / bandwidth
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +159,8 @@ class StepEstimate:
   threshold_tokens_per_device: float
   threshold_tokens_global: float
   layers: tuple[LayerTimes, ...]
+  t_hbm: float = 0.0  # memory-bound work: fusions' HBM bytes / bandwidth
+  roofline_mfu: float = 0.0  # the bound: T_math and exposed comm only
 
 
 def fit(program: Program, tokens: int, plan: MeshPlan, seq: int) -> MeshModel:
@@ -168,10 +185,12 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int) -> MeshModel:
                      d.flops_per_device / tokens if linear else 0.0,
                      d.flops_global / tokens if linear else 0.0,
                      d.x_exp, d.y_exp))
+  hbm = tuple(Hbm(t.layer, t.phase, t.count, float(t.fixed),
+                  t.linear / tokens) for t in program.traffic)
   counts: dict[str, int] = {}
-  for r in list(program.collectives) + list(program.dots):
+  for r in list(program.collectives) + list(program.dots) + list(hbm):
     counts[r.layer] = max(counts.get(r.layer, 1), r.count)
-  return MeshModel(plan, tuple(terms), tuple(work), counts, seq)
+  return MeshModel(plan, tuple(terms), tuple(work), counts, seq, hbm)
 
 
 def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
@@ -244,31 +263,57 @@ def threshold_tokens(model: MeshModel, hw: Hardware, pass_: str = "step",
   return best
 
 
+def _hbm_times(model: MeshModel, tokens: float, hw: Hardware, phases
+               ) -> dict[str, float]:
+  """Per layer instance, the seconds its fusions spend moving HBM bytes."""
+  out: dict[str, float] = collections.defaultdict(float)
+  if not hw.hbm_bandwidth:
+    return out
+  for h in model.hbm:
+    if h.phase in phases:
+      out[h.layer] += ((h.b0 + h.b1 * tokens) * h.count
+                       / model.layer_count[h.layer] / hw.hbm_bandwidth)
+  return out
+
+
 def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
                   pass_: str = "step") -> StepEstimate:
-  """Times of one step at `tokens` global tokens (microseconds to evaluate)."""
+  """Times of one step at `tokens` global tokens (microseconds to evaluate).
+
+  Per layer instance, compute = T_math + T_hbm (its fusions' HBM bytes over
+  the HBM bandwidth: norms, elementwise, softmax outside a fused kernel, the
+  loss, the optimizer update); overlappable collectives hide behind it, TP
+  activation collectives are on the critical path. The roofline bound
+  (`roofline_mfu`) is the same without T_hbm."""
   if pass_ not in PASSES:
     raise ValueError(f"pass={pass_!r}; valid: {', '.join(PASSES)}")
   phases = PASSES[pass_]
   plan = model.plan
-  layers, tm, tc, te, fwd_global, all_global = [], 0.0, 0.0, 0.0, 0.0, 0.0
-  for layer, (m0, m1, c0, c1, ov, cr, g1) in _layer_times(
-      model, tokens, hw, phases, plan.X, plan.Y).items():
+  hbm = _hbm_times(model, tokens, hw, phases)
+  layers, tm, tc, te, th, bound = [], 0.0, 0.0, 0.0, 0.0, 0.0
+  fwd_global, all_global = 0.0, 0.0
+  times = _layer_times(model, tokens, hw, phases, plan.X, plan.Y)
+  for layer in set(times) | set(hbm):
+    m0, m1, c0, c1, ov, cr, g1 = times[layer] if layer in times else [0.0] * 7
     n = model.layer_count[layer]
     t_math = m0 + m1 * tokens
     t_comm = c0 + c1 * tokens
-    exposed = cr + max(0.0, ov - t_math)
+    compute = t_math + hbm.get(layer, 0.0)
+    exposed = cr + max(0.0, ov - compute)
     thr = _threshold(m0, m1, c0, c1) if m1 > 0 else math.inf
-    layers.append(LayerTimes(layer, n, t_math, t_comm, ov, exposed, thr))
+    layers.append(LayerTimes(layer, n, t_math, t_comm, ov, exposed, thr,
+                             hbm.get(layer, 0.0)))
     tm += n * t_math
     tc += n * t_comm
     te += n * exposed
+    th += n * hbm.get(layer, 0.0)
+    bound += n * (t_math + cr + max(0.0, ov - t_math))
     all_global += g1 * tokens
   for w in model.work:
     if w.phase == "forward":
       fwd_global += w.g1 * w.count * tokens
   model_flops = fwd_global * (3 if "backward" in phases else 1)
-  step = tm + te
+  step = tm + th + te
   peak = plan.X * plan.Y * hw.flops_per_chip
   thr = max([l.threshold_tokens_global for l in layers if l.t_math > 0] or
             [math.inf])
@@ -277,7 +322,8 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
       mfu=model_flops / (step * peak) if step > 0 else 0.0,
       hfu=all_global / (step * peak) if step > 0 else 0.0,
       threshold_tokens_per_device=thr / plan.X,
-      threshold_tokens_global=thr, layers=tuple(layers))
+      threshold_tokens_global=thr, layers=tuple(layers), t_hbm=th,
+      roofline_mfu=model_flops / (bound * peak) if bound > 0 else 0.0)
 
 
 def continuous_optimum(model: MeshModel, hw: Hardware, pass_: str = "step"

@@ -135,7 +135,8 @@ class _Estimator:
                 peak_bytes=int(est.per_device_bytes["peak"]),
                 peak_where=est.peak_where, t_math_s=step.t_math,
                 t_comm_s=step.t_comm, exposed_comm_s=step.exposed_comm,
-                step_time_s=step.step_time, mfu=step.mfu,
+                step_time_s=step.step_time, t_hbm_s=step.t_hbm,
+                mfu=step.mfu, roofline_mfu=step.roofline_mfu,
                 threshold_tokens_global=thr,
                 compute_bound=bool(math.isfinite(thr) and tokens >= thr))
 
@@ -221,13 +222,20 @@ class Sweep:
       yield self.evaluate_one(c)
 
 
+def refuted(record: dict) -> bool:
+  """Whether compiling the plan for its topology said it does not fit."""
+  return (record.get("compiled_fits") is False
+          or "memory" in record.get("compile_error", "").lower())
+
+
 def rank(records: list[dict]) -> list[dict]:
-  """Best first: fitting configs by tokens/s (then MFU, then less memory);
-  then configs that do not fit, least memory first; failed configs last."""
+  """Best first: fitting configs by tokens/s (then less memory); then
+  configs that do not fit (by the estimate, or by the compiler for those
+  confirmed), least memory first; failed configs last."""
   def order(r):
     if r.get("status") != "ok":
       return (2, 0.0, 0.0)
-    if r["fits"]:
+    if r["fits"] and not refuted(r):
       return (0, -r["tokens_per_s"], r["peak_bytes"])
     return (1, r["peak_bytes"], 0.0)
   return sorted(records, key=order)
@@ -236,7 +244,8 @@ def rank(records: list[dict]) -> list[dict]:
 def recommendation(ranked: list[dict]) -> str:
   """One paragraph: the chosen plan and why."""
   best = ranked[0] if ranked else None
-  if best is None or best.get("status") != "ok" or not best["fits"]:
+  if (best is None or best.get("status") != "ok" or not best["fits"]
+      or refuted(best)):
     ok = [r for r in ranked if r.get("status") == "ok"]
     if not ok:
       return "no config could be evaluated; see the errors above"
@@ -254,19 +263,27 @@ def recommendation(ranked: list[dict]) -> str:
           f"{best['batch']}, remat {best['remat']}, {best['shard']}, "
           f"{best['optimizer']}: fits at {best['peak_bytes'] / GiB:.1f} of "
           f"{best['hbm_bytes'] / GiB:.0f} GiB, {best['tokens_per_s']:,.0f} tokens/s, "
-          f"MFU {best['mfu']:.1%}, {bound}{thr_text}; the highest tokens/s of the "
-          f"{sum(1 for r in ranked if r.get('fits'))} plans that fit")
+          f"predicted MFU {best['mfu']:.1%} (roofline bound "
+          f"{_percent(best.get('roofline_mfu'))}), {bound}{thr_text}; the highest "
+          f"tokens/s of the {sum(1 for r in ranked if r.get('fits') and not refuted(r))}"
+          f" plans that fit")
   if best.get("compiled_peak_bytes") is not None:
     text += (f"; the compiler confirms {best['compiled_peak_bytes'] / GiB:.1f} GiB "
              f"peak")
   return text
 
 
+def _percent(x: float | None) -> str:
+  """A fraction as a percentage; a record from before the field: '-'."""
+  return "-" if x is None else f"{x:.1%}"
+
+
 def table(ranked: list[dict], limit: int | None = None) -> str:
   """The ranked table, plain text (also valid markdown); a failed config
-  points to its reason, printed whole under the table."""
+  points to its reason, printed whole under the table. MFU is the step-time
+  model's prediction; MFU bound the roofline's (simulator.roofline)."""
   head = ("| rank | mesh | batch | remat | shard | optimizer | peak GiB | fits | "
-          "step s | tokens/s | roofline MFU | bound by | compiled GiB |")
+          "step s | tokens/s | MFU | MFU bound | bound by | compiled GiB |")
   lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
   reasons: list[str] = []
   for i, r in enumerate(ranked[:limit] if limit else ranked, 1):
@@ -278,12 +295,13 @@ def table(ranked: list[dict], limit: int | None = None) -> str:
       if reason not in reasons:
         reasons.append(reason)
       lines.append(f"{common} failed [{reasons.index(reason) + 1}] "
-                   "| | | | | | |")
+                   "| | | | | | | |")
       continue
     comp = r.get("compiled_peak_bytes")
     lines.append(
         f"{common} {r['peak_bytes'] / GiB:.2f} | {'yes' if r['fits'] else 'no'} | "
         f"{r['step_time_s']:.3g} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
+        f"{_percent(r.get('roofline_mfu'))} | "
         f"{'compute' if r['compute_bound'] else 'comm'} | "
         f"{'' if comp is None else f'{comp / GiB:.2f}'} |")
   lines += [f"[{n}] {reason}" for n, reason in enumerate(reasons, 1)]

@@ -88,3 +88,23 @@ def test_ring_time_units_and_conventions():
       2 * D * (F / 4) / (1.8e11 * 2))
   with pytest.raises(ValueError):
     ring_time("all-gather", 1, 2, 1, ring="bogus")
+
+
+@pytest.mark.parametrize("parallel,forward_rs,backward_ar", [
+    (False, 2, 2),  # dq, dk, dv summed: one all-reduce; the MLP's its own
+    (True, 1, 1),  # one for attention and MLP, both ways
+])
+def test_summed_partial_sums_are_reduced_once(parallel, forward_rs,
+                                              backward_ar):
+  """XLA's all-reduce and reduce-scatter reassociation: the sum of two
+  partial-sum reductions is one reduction of the sum."""
+  import dataclasses
+  cfg = dataclasses.replace(PRESETS["tiny"], parallel_block=parallel)
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  cs = [c for c in collectives(trace(cfg, TrainSettings(batch=8, seq=64),
+                                     abstract_mesh(plan)))
+        if c.axis == "Y" and c.layer != "top"]
+  count = lambda phase, kind: sum(c.phase == phase and c.kind == kind
+                                  for c in cs)
+  assert count("forward", "reduce-scatter") == forward_rs
+  assert count("backward", "all-reduce") == backward_ar

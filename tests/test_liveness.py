@@ -7,6 +7,7 @@ import random
 import jax
 import jax.numpy as jnp
 
+from simulator.batch_probe import PROBE
 from simulator.memory import liveness
 
 F32 = 4
@@ -83,3 +84,13 @@ def test_the_live_set_at_a_point_sums_to_it():
   live = points.live(i)
   assert sum(b.bytes[0] for b in live) == peak
   assert all(b.shape and b.where for b in live)
+
+
+def test_hbm_traffic_of_a_fusion_is_what_it_reads_and_writes():
+  """exp(x) * 2 + y is one fusion: it reads x and y and writes the sum; the
+  values inside it move nothing."""
+  f32 = jax.ShapeDtypeStruct((PROBE, 8), jnp.float32)
+  j = jax.make_jaxpr(lambda x, y: jnp.sum(jnp.exp(x) * 2.0 + y, axis=1))(f32, f32)
+  moved = liveness.hbm_traffic(j.jaxpr)
+  n = PROBE * 8 * 4
+  assert list(moved.values()) == [(0, 2 * n + PROBE * 4)]

@@ -84,3 +84,25 @@ def test_no_wraparound_halves_bandwidth():
   hw = R.Hardware(C, LINK, wraparound=False)
   slow = R.threshold_tokens(_model(16, 4), hw, "forward")
   assert slow == pytest.approx(FM.fsdp_tp_min_batch(F, 16, 4, 2, 1, C, LINK))
+
+
+def _tiny(attention):
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  s = TrainSettings(batch=8, seq=1024, remat="full", attention=attention)
+  model = R.fit_mesh(PRESETS["tiny"], s, plan)
+  return R.step_estimate(model, s.tokens, R.Hardware.for_plan(plan))
+
+
+def test_step_time_adds_hbm_bound_work_to_the_roofline():
+  """step = matmuls + fusions' HBM bytes / bandwidth + exposed collectives;
+  the roofline bound leaves the HBM term out, so it is the higher MFU."""
+  e = _tiny("flash")
+  assert e.t_hbm > 0
+  assert e.step_time == pytest.approx(e.t_math + e.t_hbm + e.exposed_comm)
+  assert e.roofline_mfu > e.mfu > 0
+
+
+def test_the_flash_kernel_keeps_its_blocks_off_hbm():
+  """Materialized attention writes and reads its S x S scores in HBM; the
+  flash kernel's blocks (models.scopes.KERNEL) move nothing there."""
+  assert _tiny("materialized").t_hbm > _tiny("flash").t_hbm

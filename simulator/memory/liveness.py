@@ -110,6 +110,7 @@ class _Plan:
   frees: dict
   reuses: dict
   stacks: dict
+  reads: dict  # equation index -> the buffers its fusion reads
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
@@ -167,6 +168,9 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
     for u in eqn.invars:
       yield from buffers_read(u, seen)
 
+  reads = {i: list(dict.fromkeys(
+      b for w in eqn.invars for b in buffers_read(w, set())))
+            for i, eqn in enumerate(eqns)}
   reuses: dict = {}  # the in-place rule
   taken: set = set()
   for i, eqn in enumerate(eqns):
@@ -196,7 +200,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   for v, i in last.items():
     if v in size and v not in taken and size[v] != (0, 0):
       frees.setdefault(i, []).append(v)
-  return _Plan(jaxpr, size, frees, reuses, stacks)
+  return _Plan(jaxpr, size, frees, reuses, stacks, reads)
 
 
 class _Simulation:
@@ -317,6 +321,26 @@ class _Simulation:
                                       back)]
       return out
     raise ValueError(f"no program point {path}")
+
+
+def hbm_traffic(jaxpr, local: bool = False) -> dict[int, Bytes]:
+  """Per equation of `jaxpr` that makes a buffer of its own (a fusion's
+  output, by xla_rules), the HBM bytes that fusion moves: the buffers it
+  writes and the buffers it reads, through the values computed inside it.
+  Equations computed inside another's fusion, views and equations that make
+  no buffer are left out; a call's or loop's body is its own jaxpr."""
+  plan = _plan(jaxpr, local, (), set(), {})
+  out: dict[int, Bytes] = {}
+  for i, eqn in enumerate(jaxpr.eqns):
+    written: Bytes = (0, 0)
+    for v in eqn.outvars:
+      written = _add(written, plan.size.get(v, (0, 0)))
+    if written == (0, 0):
+      continue
+    for u in plan.reads[i]:
+      written = _add(written, plan.size.get(u) or _nbytes(u.aval, local))
+    out[i] = written
+  return out
 
 
 @dataclasses.dataclass(frozen=True)

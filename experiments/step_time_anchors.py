@@ -1,0 +1,146 @@
+"""MaxText's published runs, the measured anchors of the step-time model.
+
+Each anchor is a MaxText benchmark script of the era its figure was taken
+(AI-Hypercomputer/maxtext: MaxText/configs/v5p/*.sh as first committed,
+76bd53b0f, 2023-12-15, for the v5p table; MaxText/configs/largest_job/*.sh
+at 9bc243c95, Oct 2023, for the v5e table), on the base config of that
+time (models.maxtext: `decoder_block=default`), with the MFU that MaxText's
+README reports for it and the FLOP count MaxText used to compute it;
+`predict` times one with simulator.roofline, `report` writes the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from meshes.layout import parse_mesh, plan_mesh
+from meshes.topology import parse_topology
+from models.config import ModelConfig
+from models.maxtext import maxtext_run
+from models.registry import load_model
+from simulator import roofline
+from simulator.settings import TrainSettings
+
+_V5P = ("max_target_length=2048 attention=flash use_iota_embed=true "
+        "decoder_block=default "
+        "remat_policy={remat} per_device_batch_size={batch} "
+        "ici_fsdp_parallelism=-1 ici_tensor_parallelism={tensor} "
+        "global_parameter_scale={scale}")
+_V5E = ("max_target_length=2048 enable_flash_attention=true use_iota_embed=true"
+        " decoder_block=default remat_policy=full per_device_batch_size={batch} "
+        "global_parameter_scale={scale}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+  name: str
+  topology: str
+  maxtext: str  # the run's overrides
+  measured_mfu: float
+  measured_tflops: float  # per chip per second, as published
+  halve_causal: bool  # MaxText's FLOP count halved causal attention then
+
+
+def _v5p(scale, topology, batch, tensor, remat, mfu, tflops):
+  return Anchor(f"{scale}B {topology}", topology,
+                _V5P.format(scale=scale, batch=batch, tensor=tensor,
+                            remat=remat), mfu, tflops, True)
+
+
+def _v5e(scale, batch, mfu, tflops):
+  return Anchor(f"{scale}B v5e-256", "v5e-256",
+                _V5E.format(scale=scale, batch=batch), mfu, tflops, False)
+
+
+# MaxText README (04262f3cf..e7829012d) and configs/v5p/README.md; batches,
+# tensor parallelism and remat from the scripts of December 2023.
+ANCHORS = (
+    _v5p(32, "v5p-128", 8, 4, "minimal", 0.6776, 328),
+    _v5p(64, "v5p-128", 4, 4, "minimal", 0.7031, 323),
+    _v5p(128, "v5p-256", 2, 8, "minimal", 0.6868, 315),
+    _v5p(128, "v5p-512", 2, 8, "minimal", 0.6853, 315),
+    _v5p(256, "v5p-1024", 2, 8, "minimal", 0.6882, 316),
+    _v5p(512, "v5p-1024", 2, 16, "full", 0.6399, 294),
+    _v5p(1024, "v5p-2048", 2, 16, "full", 0.6405, 249),
+    _v5p(1024, "v5p-4096", 2, 16, "full", 0.6480, 297),
+    _v5e(16, 6, 0.6110, 120),
+    _v5e(32, 4, 0.6686, 132),
+    _v5e(64, 2, 0.5990, 118),
+    _v5e(128, 1, 0.5606, 110),
+)
+
+
+def maxtext_flops_per_device(cfg: ModelConfig, per_device_batch: int,
+                             seq: int, halve_causal: bool) -> float:
+  """The training FLOPs per device per step as MaxText counted them then:
+  6·N·tokens with N every parameter (the tied embedding once), plus the
+  attention scores and values 12·L·heads·head_dim·S²·B, halved for causality
+  from 2023-11-29 to 2024-05-08 (maxtext_utils.calculate_tflops_training_
+  per_device), not before."""
+  from models.params import num_params
+  attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq ** 2 * (
+      per_device_batch)
+  return (6 * num_params(cfg) * seq * per_device_batch
+          + (attention / 2 if halve_causal else attention))
+
+
+def predict(anchor: Anchor) -> dict:
+  """The anchor's predicted step time and MFU (MaxText's FLOP count)."""
+  topology = parse_topology(anchor.topology)
+  run = maxtext_run(anchor.maxtext, topology.chips)
+  f = run.flags
+  cfg = load_model(f["model"])
+  settings = TrainSettings(batch=int(f["batch"]), seq=int(f["seq"]),
+                           remat=f["remat"], attention=f["attention"],
+                           precision=f["precision"], optimizer=f["optimizer"])
+  plan = plan_mesh(topology, *parse_mesh(f["mesh"]))
+  model = roofline.fit_mesh(cfg, settings, plan)
+  hw = roofline.Hardware.for_plan(plan)
+  est = roofline.step_estimate(model, settings.tokens, hw)
+  flops = maxtext_flops_per_device(cfg, settings.batch // topology.chips,
+                                   settings.seq, anchor.halve_causal)
+  return {"anchor": anchor.name, "model": cfg.name, "mesh": f["mesh"],
+          "batch": settings.batch, "remat": f["remat"],
+          "step_s": est.step_time, "t_math_s": est.t_math,
+          "t_hbm_s": est.t_hbm, "exposed_s": est.exposed_comm,
+          "mfu": flops / (est.step_time * hw.flops_per_chip),
+          "roofline_mfu": est.roofline_mfu * flops / (
+              est.step_time * hw.flops_per_chip * est.mfu),
+          "measured_mfu": anchor.measured_mfu,
+          "tokens_per_s_chip": settings.tokens / est.step_time / topology.chips,
+          "measured_tokens_per_s_chip": anchor.measured_mfu
+          * hw.flops_per_chip / flops * settings.tokens / topology.chips}
+
+
+def report(rows: list[dict], seconds: float) -> str:
+  diffs = [100 * (r["mfu"] - r["measured_mfu"]) for r in rows]
+  lines = [
+      "# Step time: predicted vs measured MFU on MaxText's published runs", "",
+      "Written by `python -m experiments.step_time_matrix`. Anchors: "
+      "experiments/step_time_anchors.py (MaxText's scripts and base config "
+      "of the time, its README's MFU). MFU = MaxText's FLOP count for the "
+      "run / (predicted step time x peak bf16 FLOP/s); predicted and "
+      "measured share the numerator. Step time (simulator.roofline): "
+      "matmul FLOPs at peak, plus the HBM bytes of every other fusion over "
+      "the HBM bandwidth (the flash kernel's blocks stay on chip), plus the "
+      "collectives nothing hides; the roofline bound leaves out the HBM "
+      "term.", "",
+      f"MFU points, predicted - measured: median {statistics.median(diffs):+.1f},"
+      f" worst {max(diffs, key=abs):+.1f}, within 5 points: "
+      f"{sum(abs(d) <= 5 for d in diffs)} of {len(diffs)}. Run time "
+      f"{seconds:.0f} s.", "",
+      "| anchor | model | mesh | batch | remat | step s | math s | HBM s | "
+      "exposed comm s | MFU predicted | roofline bound | MFU measured | "
+      "points | tokens/s/chip predicted | measured |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r, d in zip(rows, diffs):
+    lines.append(
+        f"| {r['anchor']} | {r['model']} | {r['mesh']} | {r['batch']} | "
+        f"{r['remat']} | {r['step_s']:.3g} | {r['t_math_s']:.3g} | "
+        f"{r['t_hbm_s']:.3g} | {r['exposed_s']:.3g} | {100 * r['mfu']:.1f}% | "
+        f"{100 * r['roofline_mfu']:.1f}% | "
+        f"{100 * r['measured_mfu']:.2f}% | {d:+.1f} | "
+        f"{r['tokens_per_s_chip']:,.0f} | "
+        f"{r['measured_tokens_per_s_chip']:,.0f} |")
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,194 @@
+"""MaxText runs as input: its `global_parameter_scale` models and its
+command-line overrides mapped onto this project's flags.
+
+Model dims follow MaxText's get_individual_scales (pyconfig.py, now
+configs/types.py): with log2(scale) = 3·b + r, heads and MLP width scale by
+2^(b + (r > 0)), the embedding by 2^(b + (r > 1)), layers by 2^b; head_dim
+and vocab stay. Two base configs (base.yml): `maxtext-<N>b` is today's
+(llama2 decoder: emb 2048, 16 heads of 128, SwiGLU 7168, 16 layers, vocab
+32000, untied), `maxtext2023-<N>b` the one MaxText's published v5e (Oct 2023)
+and v5p (Dec 2023) tables ran on (its "default" decoder: PaLM-style
+parallel block, emb 2560, 8 heads of 256, ReLU 8192, 16 layers, vocab
+32768, logits through the tied embedding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from models.config import ModelConfig
+from models.remat import MAXTEXT_POLICIES
+
+BASES = {
+    "maxtext": dict(d_model=2048, n_heads=16, n_kv_heads=16, head_dim=128,
+                    d_ff=7168, n_layers=16, vocab_size=32000, mlp="swiglu",
+                    tie_embeddings=False, parallel_block=False),
+    "maxtext2023": dict(d_model=2560, n_heads=8, n_kv_heads=8, head_dim=256,
+                        d_ff=8192, n_layers=16, vocab_size=32768, mlp="relu",
+                        tie_embeddings=True, parallel_block=True),
+}
+_NAME = re.compile(r"(maxtext(?:2023)?)-(\d+)b")
+
+
+def scaled_model(base: str, scale: int, overrides: dict | None = None
+                 ) -> ModelConfig:
+  """MaxText's model at `global_parameter_scale` = scale over `base`."""
+  if scale < 1 or scale & (scale - 1):
+    raise ValueError(f"global_parameter_scale={scale} must be a power of 2")
+  b, r = divmod(int(math.log2(scale)), 3)
+  dims = {**BASES[base], **(overrides or {})}
+  heads = 2 ** (b + (r > 0))
+  return ModelConfig(
+      f"{base}-{scale}b", d_model=dims["d_model"] * 2 ** (b + (r > 1)),
+      n_layers=dims["n_layers"] * 2 ** b, d_ff=dims["d_ff"] * heads,
+      n_heads=dims["n_heads"] * heads, n_kv_heads=dims["n_kv_heads"] * heads,
+      head_dim=dims["head_dim"], vocab_size=dims["vocab_size"],
+      max_len=dims.get("max_len", 2048), mlp=dims["mlp"],
+      tie_embeddings=dims["tie_embeddings"],
+      parallel_block=dims["parallel_block"])
+
+
+def model_by_name(name: str) -> ModelConfig | None:
+  """`maxtext-32b` or `maxtext2023-32b`; None for other names."""
+  m = _NAME.fullmatch(name)
+  return scaled_model(m.group(1), int(m.group(2))) if m else None
+
+
+# MaxText keys that set nothing this simulator models (bookkeeping, data).
+_IGNORED = {"run_name", "base_output_directory", "dataset_path", "steps",
+            "dataset_type", "enable_checkpointing", "reuse_example_batch",
+            "async_checkpointing", "log_period", "enable_profiler",
+            "skip_first_n_steps_for_profiler", "profiler_steps", "metrics_file",
+            "gcs_metrics", "tokenizer_path", "per_device_batch_size",
+            "max_target_length", "remat_policy", "ici_fsdp_parallelism",
+            "ici_tensor_parallelism", "attention", "global_parameter_scale",
+            "model_name", "decoder_block", "dtype", "weight_dtype", "opt_type",
+            "ici_data_parallelism", "dcn_data_parallelism", "dcn_fsdp_parallelism",
+            "dcn_tensor_parallelism", "enable_flash_attention"}
+# Dim overrides MaxText applies before scaling.
+_DIMS = {"base_emb_dim": "d_model", "base_num_query_heads": "n_heads",
+         "base_num_kv_heads": "n_kv_heads", "base_mlp_dim": "d_ff",
+         "base_num_decoder_layers": "n_layers", "head_dim": "head_dim",
+         "vocab_size": "vocab_size"}
+_OPTIMIZERS = {"adamw": "adamw", "adam_pax": "adamw", "sgd": "sgd"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxTextRun:
+  """A MaxText run in this project's terms."""
+
+  flags: dict[str, str]  # flag name -> value
+  mapping: tuple[str, ...]  # "key=value -> --flag=value (why)", in order
+  unexpressed: tuple[str, ...]  # keys this simulator cannot express
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+  """`key=value key2=value2 ...` (a MaxText command line's overrides, or a
+  file of them: one or more per line, `#` comments) into a dict."""
+  out: dict[str, str] = {}
+  for line in text.splitlines():
+    for item in line.split("#", 1)[0].split():
+      key, sep, value = item.partition("=")
+      if not sep or not key:
+        raise ValueError(f"MaxText override {item!r} is not key=value")
+      out[key] = value.strip("'\"")
+  if not out:
+    raise ValueError("--maxtext has no key=value overrides")
+  return out
+
+
+def _int(overrides: dict, key: str, default: int) -> int:
+  value = overrides.get(key, str(default))
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"MaxText {key}={value!r} must be an integer") from None
+
+
+def _model(o: dict) -> tuple[str, str, ModelConfig | None]:
+  """(model flag, why, the scaled config or None for a preset)."""
+  if "model_name" in o and o["model_name"] != "default":
+    name = o["model_name"].replace("-", "_").replace(".", "_")
+    return name, f"model_name={o['model_name']}", None
+  base = "maxtext2023" if o.get("decoder_block") == "default" else "maxtext"
+  dims = {}
+  for key, field in _DIMS.items():
+    if key in o:
+      dims[field] = _int(o, key, 0)
+  if "mlp_activations" in o:
+    acts = o["mlp_activations"].strip("[]").replace(" ", "").split(",")
+    kinds = {("silu", "linear"): "swiglu", ("gelu", "linear"): "geglu",
+             ("relu",): "relu", ("gelu",): "gelu"}
+    if tuple(acts) not in kinds:
+      raise ValueError(f"MaxText mlp_activations={o['mlp_activations']!r}; "
+                       f"valid here: {', '.join(map(str, kinds))}")
+    dims["mlp"] = kinds[tuple(acts)]
+  if "logits_via_embedding" in o:
+    dims["tie_embeddings"] = o["logits_via_embedding"].lower() == "true"
+  scale = _int(o, "global_parameter_scale", 1)
+  cfg = scaled_model(base, scale, dims)
+  why = f"global_parameter_scale={scale}" + (
+      " decoder_block=default (the 2023 base)" if base == "maxtext2023" else "")
+  return cfg.name, why, cfg
+
+
+def maxtext_run(text: str, chips: int) -> MaxTextRun:
+  """The flags for a MaxText run on `chips` chips."""
+  o = parse_overrides(text)
+  flags: dict[str, str] = {}
+  mapping: list[str] = []
+
+  def put(flag: str, value, why: str) -> None:
+    flags[flag] = str(value)
+    mapping.append(f"{why} -> --{flag}={value}")
+
+  name, why, cfg = _model(o)
+  put("model", name, why)
+  per_device = _int(o, "per_device_batch_size", 12)
+  put("batch", per_device * chips,
+      f"per_device_batch_size={per_device} ({per_device} x {chips} chips)")
+  put("seq", _int(o, "max_target_length", 2048),
+      f"max_target_length={o.get('max_target_length', '2048 (default)')}")
+  tensor = _int(o, "ici_tensor_parallelism", 1)
+  fsdp = _int(o, "ici_fsdp_parallelism", -1)
+  if fsdp == -1:
+    fsdp = chips // tensor
+  if fsdp * tensor != chips:
+    raise ValueError(f"MaxText ici_fsdp_parallelism={fsdp} x "
+                     f"ici_tensor_parallelism={tensor} is not {chips} chips")
+  put("mesh", f"{fsdp}x{tensor}", f"ici_fsdp_parallelism={o.get('ici_fsdp_parallelism', '-1')} "
+      f"ici_tensor_parallelism={tensor}")
+  remat = o.get("remat_policy", "full")
+  if remat not in MAXTEXT_POLICIES and remat != "none":
+    raise ValueError(f"MaxText remat_policy={remat!r}; valid: "
+                     f"{', '.join(MAXTEXT_POLICIES)}, none")
+  put("remat", remat, f"remat_policy={remat}")
+  attention = o.get("attention", "flash" if o.get(
+      "enable_flash_attention", "true").lower() == "true" else "dot_product")
+  kernels = {"flash": "flash", "autoselected": "flash",
+             "dot_product": "materialized"}
+  if attention not in kernels:
+    raise ValueError(f"MaxText attention={attention!r}; valid here: "
+                     f"{', '.join(kernels)}")
+  put("attention", kernels[attention], f"attention={attention}")
+  weight_dtype = o.get("weight_dtype", "float32")
+  put("precision", "mixed" if weight_dtype == "float32" else "bf16",
+      f"weight_dtype={weight_dtype} dtype={o.get('dtype', 'bfloat16')}")
+  opt = o.get("opt_type", "adamw")
+  if opt not in _OPTIMIZERS:
+    raise ValueError(f"MaxText opt_type={opt!r}; valid here: "
+                     f"{', '.join(_OPTIMIZERS)}")
+  put("optimizer", _OPTIMIZERS[opt], f"opt_type={opt}")
+  unexpressed = []
+  for key in ("ici_data_parallelism", "dcn_data_parallelism",
+              "dcn_fsdp_parallelism", "dcn_tensor_parallelism"):
+    if key in o and _int(o, key, 1) not in (1, -1 if key.startswith("dcn_data")
+                                            else 1):
+      unexpressed.append(f"{key}={o[key]}")
+  for key, value in o.items():
+    if key not in _IGNORED and key not in _DIMS and key not in (
+        "mlp_activations", "logits_via_embedding"):
+      unexpressed.append(f"{key}={value}")
+  return MaxTextRun(flags, tuple(mapping), tuple(unexpressed))

@@ -1,0 +1,101 @@
+"""models.maxtext: MaxText's scaled models and its overrides as flags."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from models import maxtext
+from models.params import num_params
+from models.registry import load_model
+from models.remat import MAXTEXT_POLICIES, canonical, policy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("name,dims", [
+    # MaxText's get_individual_scales over each base.yml (emb, heads, mlp,
+    # layers), worked by hand: log2(scale) = 3b + r.
+    ("maxtext2023-16b", (5120, 32, 32768, 32)),  # b=1 r=1
+    ("maxtext2023-32b", (10240, 32, 32768, 32)),  # b=1 r=2
+    ("maxtext2023-1024b", (20480, 128, 131072, 128)),  # b=3 r=1
+    ("maxtext-64b", (8192, 64, 28672, 64)),  # b=2 r=0
+    ("maxtext-128b", (8192, 128, 57344, 64)),  # b=2 r=1
+])
+def test_global_parameter_scale_models(name, dims):
+  c = load_model(name)
+  assert (c.d_model, c.n_heads, c.d_ff, c.n_layers) == dims
+
+
+def test_the_2023_base_is_maxtexts_default_decoder_of_then():
+  c = load_model("maxtext2023-32b")
+  assert (c.parallel_block, c.mlp, c.tie_embeddings, c.head_dim,
+          c.vocab_size) == (True, "relu", True, 256, 32768)
+  assert 32.4e9 < num_params(c) < 32.7e9  # MaxText's "32B"
+  assert 31.6e9 < num_params(load_model("maxtext-32b")) < 31.7e9
+
+
+def test_a_scale_must_be_a_power_of_two():
+  with pytest.raises(ValueError, match="power of 2"):
+    maxtext.scaled_model("maxtext", 24)
+
+
+def test_maxtext_remat_names():
+  assert canonical("minimal") == "dots" and canonical("full") == "full"
+  for name in MAXTEXT_POLICIES:
+    policy(name)  # every one is a valid policy here
+  with pytest.raises(ValueError, match="MaxText's"):
+    policy("save_everything")
+
+
+def test_overrides_map_onto_flags():
+  run = maxtext.maxtext_run(
+      "global_parameter_scale=32 decoder_block=default per_device_batch_size=8"
+      " remat_policy=minimal ici_fsdp_parallelism=-1 ici_tensor_parallelism=4"
+      " max_target_length=2048 attention='flash' use_iota_embed=true steps=30"
+      " int8_training=false", chips=64)
+  assert run.flags == {"model": "maxtext2023-32b", "batch": "512",
+                       "seq": "2048", "mesh": "16x4", "remat": "minimal",
+                       "attention": "flash", "precision": "mixed",
+                       "optimizer": "adamw"}
+  assert run.unexpressed == ("use_iota_embed=true", "int8_training=false")
+  assert "per_device_batch_size=8 (8 x 64 chips) -> --batch=512" in run.mapping
+  preset = maxtext.maxtext_run("model_name=llama2-70b per_device_batch_size=4"
+                               " ici_fsdp_parallelism=16 "
+                               "ici_tensor_parallelism=4", chips=64)
+  assert (preset.flags["model"], preset.flags["mesh"]) == ("llama2_70b", "16x4")
+
+
+@pytest.mark.parametrize("text,match", [
+    ("ici_fsdp_parallelism=8 ici_tensor_parallelism=4", "is not 64 chips"),
+    ("remat_policy=everything", "remat_policy='everything'"),
+    ("per_device_batch_size=two", "must be an integer"),
+    ("just_a_word", "is not key=value"),
+    ("", "no key=value"),
+])
+def test_bad_overrides_say_what_is_wrong(text, match):
+  with pytest.raises(ValueError, match=match):
+    maxtext.maxtext_run(text, chips=64)
+
+
+def _memory_report(*args):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-m", "experiments.memory_report",
+                         "--topology=v5p-8", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_the_maxtext_flag_prints_its_mapping_and_refuses_a_conflict():
+  text = ("--maxtext=model_name=tiny per_device_batch_size=2 "
+          "max_target_length=64 ici_tensor_parallelism=2 sa_block_q=512")
+  out = _memory_report(text)
+  assert out.returncode == 0, out.stderr
+  assert "maxtext: ici_fsdp_parallelism=-1 ici_tensor_parallelism=2 -> " \
+         "--mesh=2x2" in out.stderr
+  assert "not expressed here (ignored): sa_block_q=512" in out.stderr
+  assert "tiny: batch 8 x seq 64" in out.stdout
+  clash = _memory_report(text, "--batch=16")
+  assert clash.returncode == 2
+  assert clash.stderr.strip() == ("error: --batch=16 and --maxtext (which "
+                                  "sets --batch=8) are both given; give one")
