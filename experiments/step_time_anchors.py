@@ -130,6 +130,12 @@ def report(rows: list[dict], seconds: float) -> str:
       f" worst {max(diffs, key=abs):+.1f}, within 5 points: "
       f"{sum(abs(d) <= 5 for d in diffs)} of {len(diffs)}. Run time "
       f"{seconds:.0f} s.", "",
+      "Caveats in the published figures: MaxText's README gives the 1024B "
+      "v5p-2048 row 249 TFLOP/s/chip beside 64.05% MFU (249/459 is 54.2%); "
+      "its configs/v5p/README.md gives 254 and 55.35%. The 32B v5p-128 row "
+      "read 71.47% until January 2025, when it became 67.76% with its "
+      "328 TFLOP/s/chip (71.5%) unchanged. The table holds the README's "
+      "current MFU for both.", "",
       "| anchor | model | mesh | batch | remat | step s | math s | HBM s | "
       "exposed comm s | MFU predicted | roofline bound | MFU measured | "
       "points | tokens/s/chip predicted | measured |",

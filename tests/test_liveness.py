@@ -94,3 +94,12 @@ def test_hbm_traffic_of_a_fusion_is_what_it_reads_and_writes():
   moved = liveness.hbm_traffic(j.jaxpr)
   n = PROBE * 8 * 4
   assert list(moved.values()) == [(0, 2 * n + PROBE * 4)]
+
+
+def test_a_matmuls_output_fusion_is_timed_by_the_matmul():
+  """x @ w + b: the add runs in the matmul's output fusion, whose operands
+  stream under its FLOPs; it is no HBM-bound work of its own."""
+  x = jax.ShapeDtypeStruct((PROBE, 8), jnp.float32)
+  j = jax.make_jaxpr(lambda x, w, b: x @ w + b)(x, jnp.ones((8, 8)),
+                                                 jnp.ones((8,)))
+  assert liveness.hbm_traffic(j.jaxpr) == {}

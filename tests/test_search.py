@@ -98,3 +98,16 @@ def test_nothing_fits_recommendation_names_the_smallest():
   r = dict(status="ok", fits=False, X=2, Y=4, batch=8, remat="full",
            peak_bytes=200 * search.GiB, hbm_bytes=95 * search.GiB)
   assert search.recommendation([r]).startswith("nothing fits")
+
+
+def test_a_plan_the_compiler_refutes_never_ranks_among_those_that_fit():
+  """The estimate said it fits; compiling it for the topology said no (or
+  ran out of memory): it ranks with the plans that do not fit."""
+  from simulator import search
+  ok = dict(status="ok", fits=True, peak_bytes=10, tokens_per_s=100.0)
+  best = dict(ok, tokens_per_s=900.0, compiled_fits=False)
+  oom = dict(ok, tokens_per_s=800.0,
+             compile_error="XlaRuntimeError: RESOURCE_EXHAUSTED: Ran out of "
+             "memory in memory space hbm")
+  assert search.rank([best, oom, ok])[0] is ok
+  assert search.refuted(best) and search.refuted(oom) and not search.refuted(ok)

@@ -328,10 +328,25 @@ def hbm_traffic(jaxpr, local: bool = False) -> dict[int, Bytes]:
   output, by xla_rules), the HBM bytes that fusion moves: the buffers it
   writes and the buffers it reads, through the values computed inside it.
   Equations computed inside another's fusion, views and equations that make
-  no buffer are left out; a call's or loop's body is its own jaxpr."""
+  no buffer are left out, and so is a matmul's output fusion (its operands
+  stream under its FLOPs); a call's or loop's body is its own jaxpr."""
   plan = _plan(jaxpr, local, (), set(), {})
+  producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+
+  def fuses_matmul(eqn, seen: set) -> bool:
+    for u in eqn.invars:
+      e = producer.get(u) if isinstance(u, jcore.Var) else None
+      if e is None or u in seen or plan.size[u] != (0, 0):
+        continue
+      seen.add(u)
+      if e.primitive.name == "dot_general" or fuses_matmul(e, seen):
+        return True
+    return False
+
   out: dict[int, Bytes] = {}
   for i, eqn in enumerate(jaxpr.eqns):
+    if eqn.primitive.name == "dot_general" or fuses_matmul(eqn, set()):
+      continue
     written: Bytes = (0, 0)
     for v in eqn.outvars:
       written = _add(written, plan.size.get(v, (0, 0)))
