@@ -50,8 +50,14 @@ def memory_breakdown(records: list[Mapping[str, Any]], hbm_bytes: int
     if gib.any():
       ax.bar(x, gib, bottom=base, color=colours(i), label=cat, width=0.7)
     base += gib
-  ax.axhline(hbm_bytes / GiB, color="black", linestyle="--", linewidth=1,
-             label=f"HBM {hbm_bytes / GiB:.0f} GiB")
+  hbm, top = hbm_bytes / GiB, float(base.max()) if len(base) else 0.0
+  if top >= hbm / 4 or not top:  # the HBM line, where bars stay readable
+    ax.axhline(hbm, color="black", linestyle="--", linewidth=1,
+               label=f"HBM {hbm:.0f} GiB")
+  else:
+    ax.set_ylim(0, top * 1.15)
+    ax.text(0.5, 0.97, f"HBM {hbm:.0f} GiB: far above every peak, off scale",
+            transform=ax.transAxes, ha="center", va="top", fontsize=7)
   ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
   ax.set_ylabel("GiB per device at the peak")
   ax.set_title(f"What is live at each plan's peak (best {len(ok)} plans, "

@@ -8,6 +8,13 @@ HParams: TensorBoard treats every run folder that holds a `session_start_info`
 summary as one session, and reads that session's metrics from the scalars of the
 same run; the experiment (which hparams and metrics exist) is one summary in a
 parent run. `hparams_config` writes the latter, `MetricsWriter.session` the former.
+
+Runs: TensorBoard's Scalars, Images and Text dashboards select every run by
+default only while there are at most 40 (tf-multi-checkbox's
+maxNamesToEnableByDefault); with more, they open empty. A sweep's report
+therefore keeps to 40 runs: the report itself, one run of curves (a tag per
+series, drawn together by a custom-scalars layout) and a session for each of
+the best MAX_SESSIONS plans.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from experiments import sweep_plots
 from meshes.hardware import GiB
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 from tensorboard.compat.proto import tensor_shape_pb2, types_pb2
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import metadata as custom_metadata
 from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.text import metadata as text_metadata
@@ -88,6 +97,18 @@ class MetricsWriter:
         tensor=_string_tensor([str(w).encode(), str(h).encode(), buf.getvalue()],
                               (3,))), step)
 
+  def custom_scalars(self, charts: Mapping[str, str], category: str) -> None:
+    """A custom-scalars layout: chart title -> a tag regex whose scalars it
+    draws together (TensorBoard's layout proto, written without TF)."""
+    layout = layout_pb2.Layout(category=[layout_pb2.Category(
+        title=category, chart=[layout_pb2.Chart(
+            title=title, multiline=layout_pb2.MultilineChartContent(tag=[tag]))
+                                for title, tag in charts.items()])])
+    self._add(summary_pb2.Summary.Value(
+        tag=custom_metadata.CONFIG_SUMMARY_TAG,
+        metadata=custom_metadata.create_summary_metadata(),
+        tensor=_string_tensor([layout.SerializeToString()], ())), 0)
+
   def hparams_config(self, hparams: Mapping[str, list[Any]],
                      metrics: Mapping[str, str]) -> None:
     """The experiment: each hparam's observed values; metrics tag -> description."""
@@ -135,9 +156,10 @@ SWEEP_METRICS = {
                           "(matmuls and exposed collectives only)"),
     "perf/tokens_per_s": ("tokens_per_s", 1,
                           "estimated tokens per second (what ranks plans)"),
-    "perf/threshold_tokens": ("threshold_tokens_global", 1,
-                              "global tokens per step above which the step is "
-                              "compute-bound"),
+    # Every session has it (a never-compute-bound plan has no threshold, and
+    # parallel coordinates drop a session missing a shown metric).
+    "perf/compute_bound": ("compute_bound", 1, "1 if the step is "
+                           "compute-bound at this batch"),
     "memory/compiled_peak_gib": ("compiled_peak_bytes", 1 / GiB,
                                  "compiler's peak GiB per device (top-k only)"),
 }
@@ -171,15 +193,26 @@ def session_metrics(r: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
+MAX_RUNS = 40  # what TensorBoard's legacy dashboards select by default
+MAX_SESSIONS = MAX_RUNS - 2  # besides the report and the curves runs
+CURVES = {"memory/peak_gib": ("peak_bytes", 1 / GiB),
+          "perf/mfu": ("mfu", 1)}
+
+
 def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
                 recommendation: str, hbm_bytes: int) -> str:
-  """Writes the sweep's TensorBoard report into a new RUN_DIR/tensorboard[-n]."""
+  """Writes the sweep's TensorBoard report into a new RUN_DIR/tensorboard[-n]:
+  at most MAX_RUNS runs, so every dashboard opens with its runs selected."""
   root = new_run_dir(run_dir, "tensorboard")
   ok = [r for r in ranked if r.get("status") == "ok"]  # failed: no session
-  hparams = {h: [_hparam(r, h) for r in ok] for h in SWEEP_HPARAMS}
+  sessions = ok[:MAX_SESSIONS]
+  hparams = {h: [_hparam(r, h) for r in sessions] for h in SWEEP_HPARAMS}
   with MetricsWriter(root) as w:
     w.hparams_config(hparams, {t: m[2] for t, m in SWEEP_METRICS.items()})
-    w.text("sweep/ranked_table", table)
+    note = "" if len(ok) == len(sessions) else (
+        f"\n\nHParams holds the {len(sessions)} best of the {len(ok)} plans "
+        f"evaluated; every plan is in the table above and in results.jsonl.")
+    w.text("sweep/ranked_table", table + note)
     w.text("sweep/recommendation", recommendation)
     w.image("memory/breakdown", sweep_plots.memory_breakdown(ranked,
                                                              hbm_bytes),
@@ -187,17 +220,14 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
             "stacked to the planned peak")
     w.image("perf/mfu_heatmap", sweep_plots.mfu_heatmap(ranked),
             description="best predicted MFU per (X, batch)")
-  for r in ok:
+    w.custom_scalars({f"{tag} over batch": f"^{tag}/" for tag in CURVES},
+                     "sweep curves")
+  for r in sessions:
     with MetricsWriter(os.path.join(root, "sessions", session_name(r))) as w:
       w.session({h: _hparam(r, h) for h in SWEEP_HPARAMS}, session_metrics(r),
                 trial_id=session_name(r))
-  curves: dict[str, list] = {}
-  for r in ranked:
-    if r.get("status") == "ok":
-      curves.setdefault(series_name(r), []).append(r)
-  for name, rs in curves.items():
-    with MetricsWriter(os.path.join(root, "curves", name)) as w:
-      for r in sorted(rs, key=lambda r: r["batch"]):
-        w.scalars({"memory/peak_gib": r["peak_bytes"] / GiB, "perf/mfu": r["mfu"]},
-                  step=r["batch"])
+  with MetricsWriter(os.path.join(root, "curves")) as w:
+    for r in sorted(ok, key=lambda r: r["batch"]):
+      w.scalars({f"{tag}/{series_name(r)}": r[field] * scale
+                 for tag, (field, scale) in CURVES.items()}, step=r["batch"])
   return root

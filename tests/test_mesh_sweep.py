@@ -120,9 +120,10 @@ def test_event_files_hold_what_results_jsonl_holds(run):
     assert s.Scalars("perf/mfu")[0].value == pytest.approx(r["mfu"], rel=1e-6)
   from experiments.tensorboard_writer import series_name
   r = ok[0]
-  c = _acc(os.path.join(tb, "curves", series_name(r)))
-  steps = {e.step: e.value for e in c.Scalars("perf/mfu")}
+  c = _acc(os.path.join(tb, "curves"))
+  steps = {e.step: e.value for e in c.Scalars(f"perf/mfu/{series_name(r)}")}
   assert steps[r["batch"]] == pytest.approx(r["mfu"], rel=1e-6)
+  assert "custom_scalars__config__" in top.Tags()["tensors"]
 
 
 def _cli(*args):

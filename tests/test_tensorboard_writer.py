@@ -34,9 +34,9 @@ def test_new_run_dir_never_reuses(tmp_path):
 
 def test_session_metrics_skip_missing_and_failed():
   r = dict(status="ok", peak_bytes=2**31, fits=True, step_time_s=1.0, mfu=0.5,
-           threshold_tokens_global=None)
+           threshold_tokens_global=None, compute_bound=False)
   m = tbw.session_metrics(r)
-  assert m["memory/peak_gib"] == 2.0 and "perf/threshold_tokens" not in m
+  assert m["memory/peak_gib"] == 2.0 and m["perf/compute_bound"] == 0.0
   assert "memory/compiled_peak_gib" not in m
   assert tbw.session_metrics(dict(status="failed")) == {}
 
@@ -50,3 +50,20 @@ def test_count_hparams_are_text():
       "16", "2", "128", "16x2", "full"]
   assert set(tw._hparam_domain(["16", "2", "128", "2"]).values) == {
       "2", "16", "128"}
+
+
+def test_a_sweep_report_keeps_to_forty_runs(tmp_path):
+  """TensorBoard's Text and Images dashboards open with no run selected
+  when there are more than 40: a 60-plan sweep writes 38 sessions."""
+  from experiments import tensorboard_writer as tw
+  records = [dict(status="ok", X=1, Y=1, batch=b, remat="full", shard="zero3",
+                  optimizer="adamw", model="tiny", topology="v5p-8",
+                  peak_bytes=2**30, fits=True, step_time_s=1.0, mfu=0.5,
+                  roofline_mfu=0.6, tokens_per_s=float(b),
+                  threshold_tokens_global=1.0, compute_bound=True,
+                  memory={}, hbm_bytes=2**34) for b in range(1, 61)]
+  root = tw.write_sweep(str(tmp_path), records, "| table |", "recommended",
+                        2**34)
+  runs = [d for d, _, files in os.walk(root)
+          if any(f.startswith("events.out.tfevents") for f in files)]
+  assert len(runs) == tw.MAX_RUNS == 40
