@@ -97,8 +97,12 @@ def _apply_maxtext() -> None:
   f = flags.FLAGS
   text = f.maxtext
   if text.startswith("@"):
-    with open(text[1:]) as fh:
-      text = fh.read()
+    try:
+      with open(text[1:]) as fh:
+        text = fh.read()
+    except OSError as e:
+      raise ValueError(f"--maxtext={text}: {e.strerror or e}; give "
+                       f"@FILE of key=value overrides") from None
   run = maxtext_run(text, parse_topology(f.topology).chips)
   for name, value in run.flags.items():
     flag = name if name in f else _PLURAL.get(name)

@@ -190,6 +190,9 @@ def _read_rows(path: str) -> list[dict]:
   except (OSError, ValueError) as e:
     cli.fail(f"--from_jsonl={path!r}: {e}; give a --jsonl file of an earlier "
              "run")
+  if not rows:
+    cli.fail(f"--from_jsonl={path!r} holds no rows; give a --jsonl file of an "
+             "earlier run")
   if not all(isinstance(r, dict) and "config" in r for r in rows):
     cli.fail(f"--from_jsonl={path!r}: not a --jsonl file of an earlier run "
              "(each line a JSON object with a 'config')")

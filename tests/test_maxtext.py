@@ -95,6 +95,10 @@ def test_the_maxtext_flag_prints_its_mapping_and_refuses_a_conflict():
          "--mesh=2x2" in out.stderr
   assert "not expressed here (ignored): sa_block_q=512" in out.stderr
   assert "tiny: batch 8 x seq 64" in out.stdout
+  missing = _memory_report("--maxtext=@/no/such/file")
+  assert missing.returncode == 2 and missing.stderr.strip() == (
+      "error: --maxtext=@/no/such/file: No such file or directory; give @FILE "
+      "of key=value overrides")
   clash = _memory_report(text, "--batch=16")
   assert clash.returncode == 2
   assert clash.stderr.strip() == ("error: --batch=16 and --maxtext (which "

@@ -90,9 +90,12 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
   out = tmp_path / "v.md"
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"no": "config"}\n')
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("")
   for args, message in (
       (["--only=3,x"], "'x' is not a config index; valid: 0 to"),
-      ([f"--from_jsonl={bad}"], "not a --jsonl file of an earlier run")):
+      ([f"--from_jsonl={bad}"], "not a --jsonl file of an earlier run"),
+      ([f"--from_jsonl={empty}"], "holds no rows")):
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.validation_matrix", *args,
          f"--out={out}"], capture_output=True, text=True)
