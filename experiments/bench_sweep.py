@@ -4,11 +4,18 @@
   python -m experiments.bench_sweep --model=llama2_70b --topology=v5p-1024
 
 Sweeps every factorization of the slice x 8 batch sizes x 4 remat policies and
-prints the wall time, the number of traces, and the per-config evaluation time.
+prints the wall time, the number of traces, and the per-config evaluation time,
+in-process without a cache and with a warm one (simulator.cache); then the
+same sweep as a user runs it (`python -m experiments.mesh_sweep --top_k=0`, the
+whole process), from an empty cache and again warm.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 from absl import flags
@@ -29,10 +36,11 @@ def define_flags() -> None:
                     "remat policies")
 
 
-def bench(spec) -> dict:
+def bench(spec, cache_dir: str | None = None) -> dict:
   from simulator import search
+  from simulator.cache import Cache
   start = time.perf_counter()
-  sweep = search.Sweep(spec)
+  sweep = search.Sweep(spec, cache=Cache(cache_dir))
   configs = spec.configs(sweep.topo)
   records = list(sweep.evaluate(configs))
   total = time.perf_counter() - start
@@ -58,7 +66,26 @@ def main(argv) -> None:
         f"({r['ok']} evaluated, {r['failed']} failed), {r['traces']} traces, "
         f"{r['total_s']:.2f} s total; {r['per_config_ms']:.1f} ms per config "
         f"(median {r['median_config_ms']:.2f} ms, slowest {r['slowest_config_ms']:.0f}"
-        f" ms: a config that traces)")
+        f" ms: a config that traces)", flush=True)
+  with tempfile.TemporaryDirectory() as tmp:
+    cache = os.path.join(tmp, "cache")
+    bench(spec, cache)
+    warm = bench(spec, cache)
+    print(f"in-process, warm cache: {warm['total_s']:.2f} s total; "
+          f"{warm['per_config_ms']:.2f} ms per config", flush=True)
+    command = [sys.executable, "-m", "experiments.mesh_sweep",
+               f"--model={spec.model}", f"--topology={spec.topology}",
+               f"--seq={spec.seq}", "--top_k=0", "--noprogress",
+               "--batches=" + ",".join(map(str, spec.batches)),
+               "--remats=" + ",".join(spec.remats),
+               f"--cache_dir={os.path.join(tmp, 'user-cache')}"]
+    for state in ("empty cache", "warm cache"):
+      start = time.perf_counter()
+      subprocess.run(command + [f"--logdir={os.path.join(tmp, 'runs')}",
+                                f"--run_name={state.split()[0]}"],
+                     check=True, capture_output=True)
+      print(f"as a user runs it (whole process), {state}: "
+            f"{time.perf_counter() - start:.2f} s", flush=True)
 
 
 if __name__ == "__main__":

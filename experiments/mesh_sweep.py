@@ -37,6 +37,11 @@ from simulator import settings as S
 FLAGS = flags.FLAGS
 
 
+def _default_cache() -> str:
+  from simulator.cache import default_dir
+  return default_dir()
+
+
 def define_flags() -> None:
   cli.define_model_flags()
   FLAGS.set_default("model", "xxl_ffn")
@@ -60,6 +65,11 @@ def define_flags() -> None:
   flags.DEFINE_integer("top_k", 3, "confirm this many best plans by compiling; 0: none")
   flags.DEFINE_bool("resume", False, "continue the latest LOGDIR/RUN* folder")
   flags.DEFINE_bool("progress", True, "progress bars on stderr")
+  flags.DEFINE_string("cache_dir", _default_cache(), "persistent cache of "
+                      "evaluated configs and compile confirmations (a repeated "
+                      "sweep or confirmation returns from it); '' disables")
+  flags.DEFINE_integer("workers", 1, "compile confirmations in this many "
+                       "processes at once")
 
 
 def join_remats(items: list[str]) -> tuple[str, ...]:
@@ -156,16 +166,21 @@ class SweepRun:
 
 
 def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = False,
-              top_k: int = 3, progress: bool = True, out=sys.stdout) -> SweepRun:
-  """The whole study. Validates before any work; one process per run."""
+              top_k: int = 3, progress: bool = True, out=sys.stdout,
+              cache_dir: str | None = None, workers: int = 1) -> SweepRun:
+  """The whole study. Validates before any work; one process per run.
+  cache_dir: the persistent cache (simulator.cache; None or "": none)."""
   if top_k < 0:
     raise ValueError(f"--top_k={top_k} must be >= 0")
+  if workers < 1:
+    raise ValueError(f"--workers={workers} must be >= 1")
   cfg, topo = spec.validate()
   run_dir = run_dir_for(logdir, run_name or f"{spec.model}-{spec.topology}", resume)
   with run_lock(run_dir):
     check_run_settings(run_dir, spec)
     try:
-      return _sweep(spec, cfg, topo, run_dir, logdir, top_k, progress, out)
+      return _sweep(spec, cfg, topo, run_dir, logdir, top_k, progress, out,
+                    cache_dir, workers)
     except KeyboardInterrupt:
       print(f"\ninterrupted: the results so far are kept in "
             f"{os.path.join(run_dir, 'results.jsonl')}; the same command with "
@@ -173,16 +188,92 @@ def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = Fal
       sys.exit(130)
 
 
+def _pending(ranked: list, top_k: int, in_flight) -> list:
+  return [r for r in ranked[:top_k] if r.get("status") == "ok"
+          and "compiled_peak_bytes" not in r and "compile_error" not in r
+          and not any(r is f for f in in_flight)]
+
+
+def _confirm(sweep, ranked: list, top_k: int, workers: int, results,
+             progress: bool, out) -> list:
+  """Compile the best top_k plans for the topology, `workers` at a time;
+  a plan the compiler refutes drops and the next is confirmed. Each result
+  is appended as it finishes (a resumed run keeps it) and kept in the cache."""
+  import concurrent.futures as cf
+  import multiprocessing
+  from tqdm import tqdm
+  from simulator import search
+
+  for r in _pending(ranked, top_k, ()):  # compiled before: no compile
+    hit = search.cached_confirmation(sweep, r)
+    if hit is not None:
+      r.update(hit)
+      results.update([r])
+  ranked = search.rank(ranked)
+  todo = _pending(ranked, top_k, ())
+  if not todo:
+    return ranked
+  each = search.expected_compile_s(sweep)
+  when = (f"about {each:.0f} s each on this machine (its median so far)"
+          if each else "no compile history here yet; a 7B-70B plan takes "
+          "about a minute on 2 idle cores")
+  print(f"compiling {len(todo)} plan{'s' if len(todo) > 1 else ''} for "
+        f"{sweep.topo.name} to confirm {'them' if len(todo) > 1 else 'it'} "
+        f"({workers} at a time): {when}; --top_k=0 skips this", file=out,
+        flush=True)
+  bar = tqdm(desc="compile", disable=not progress, file=sys.stderr)
+  pool = (cf.ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"))
+          if workers > 1 else None)
+
+  def submit(r: dict) -> cf.Future:
+    bar.set_description(f"compile {r['X']}x{r['Y']} b{r['batch']} "
+                        f"{r['remat']}" + (f" (~{each:.0f} s)" if each else ""))
+    job = search.compile_job(sweep, r)
+    if pool is not None:
+      return pool.submit(search.run_compile_job, *job)
+    future: cf.Future = cf.Future()  # in this process, now
+    future.set_result(search.run_compile_job(*job))
+    return future
+
+  in_flight: dict = {}
+  try:
+    while True:
+      for r in _pending(ranked, top_k, in_flight.values())[
+          :workers - len(in_flight)]:
+        in_flight[submit(r)] = r
+      if not in_flight:
+        break
+      finished, _ = cf.wait(in_flight, return_when=cf.FIRST_COMPLETED)
+      for future in finished:
+        _keep(sweep, in_flight.pop(future), future.result(), results, bar)
+      ranked = search.rank(ranked)
+  finally:
+    if pool is not None:
+      pool.shutdown(cancel_futures=True)
+    bar.close()
+  return ranked
+
+
+def _keep(sweep, record: dict, result: dict, results, bar) -> None:
+  from simulator import search
+  search.keep_confirmation(sweep, record, result)
+  record.update(result)
+  results.update([record])
+  bar.update()
+
+
 def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
-           progress: bool, out) -> SweepRun:
+           progress: bool, out, cache_dir: str | None = None,
+           workers: int = 1) -> SweepRun:
   from tqdm import tqdm
   from experiments import tensorboard_writer as tbw
   from experiments.results import FILENAME, ResultsFile
   from simulator import search
+  from simulator.cache import Cache
 
   results = ResultsFile(os.path.join(run_dir, FILENAME), search.record_key)
   done = results.done()
-  sweep = search.Sweep(spec, cfg, topo)
+  sweep = search.Sweep(spec, cfg, topo, Cache(cache_dir))
   todo = [c for c in spec.configs(topo) if c.key not in done]
   print(f"{topo.describe()}; {cfg.name}; {len(todo)} "
         f"config{'' if len(todo) == 1 else 's'} to evaluate"
@@ -194,17 +285,7 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   wanted = {c.key for c in spec.configs(topo)}
   records = [r for r in results.load() if search.record_key(r) in wanted]
   ranked = search.rank(records)
-  bar = tqdm(desc="compile", disable=not progress, file=sys.stderr)
-  while True:  # a plan the compiler refutes drops; the next one is confirmed
-    todo = [r for r in ranked[:top_k] if r.get("status") == "ok"
-            and "compiled_peak_bytes" not in r and "compile_error" not in r]
-    if not todo:
-      break
-    todo[0].update(search.confirm(sweep, todo[0]))
-    results.update([todo[0]])
-    bar.update()
-    ranked = search.rank(ranked)
-  bar.close()
+  ranked = _confirm(sweep, ranked, top_k, workers, results, progress, out)
   text = search.table(ranked)
   why = search.recommendation(ranked)
   print(text, file=out)
@@ -218,14 +299,15 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
 def main(argv) -> None:
   del argv
   spec = spec_from_flags()
+  common = dict(cache_dir=FLAGS.cache_dir, workers=FLAGS.workers)
   if FLAGS.format == "json":
     import io
     run = run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume,
-                    FLAGS.top_k, FLAGS.progress, out=io.StringIO())
+                    FLAGS.top_k, FLAGS.progress, out=io.StringIO(), **common)
     print(json.dumps(run.to_json(), default=str))
     return
   run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume, FLAGS.top_k,
-            FLAGS.progress)
+            FLAGS.progress, **common)
 
 
 if __name__ == "__main__":

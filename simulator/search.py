@@ -26,6 +26,7 @@ from meshes.layout import MeshPlan, abstract_mesh, factorizations, plan_mesh
 from meshes.topology import Topology, parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
+from simulator.cache import Cache
 from simulator.settings import TrainSettings
 from simulator import memory, roofline
 from simulator.step import PlanError
@@ -163,12 +164,21 @@ class Sweep:
   """Evaluates configs, tracing once per trace key; `evaluate` yields records."""
 
   def __init__(self, spec: SweepSpec, cfg: ModelConfig | None = None,
-               topo: Topology | None = None):
+               topo: Topology | None = None, cache: Cache | None = None):
     if cfg is None or topo is None:
       cfg, topo = spec.validate()
     self.spec, self.cfg, self.topo = spec, cfg, topo
+    self.cache = cache or Cache(None)
     self._estimators: dict[tuple, Any] = {}
     self._build_errors: dict[tuple, str] = {}
+
+  def cache_key(self, c: Config, kind: str) -> str:
+    """Everything a config's record (or its compile) is a function of."""
+    return self.cache.key(kind=kind, model=dataclasses.asdict(self.cfg),
+                          topology=self.topo.name, seq=self.spec.seq,
+                          attention=self.spec.attention,
+                          precision=self.spec.precision,
+                          config=dataclasses.asdict(c))
 
   def _estimator(self, c: Config):
     if c.trace_key not in self._estimators:
@@ -191,6 +201,15 @@ class Sweep:
     return self._estimators[c.trace_key]
 
   def evaluate_one(self, c: Config) -> dict[str, Any]:
+    """The config's record: from the cache, or evaluated (and kept)."""
+    key = self.cache_key(c, "record")
+    record = self.cache.get("records", key)
+    if record is None:
+      record = self._evaluate(c)
+      self.cache.put("records", key, record)
+    return record
+
+  def _evaluate(self, c: Config) -> dict[str, Any]:
     start = time.perf_counter()
     record: dict[str, Any] = dataclasses.asdict(c)
     record.update(model=self.cfg.name, topology=self.topo.name, seq=self.spec.seq,
@@ -322,16 +341,63 @@ def compiled_peak_bytes(cfg: ModelConfig, settings: TrainSettings,
   return int(report.peak_bytes)
 
 
-def confirm(sweep: Sweep, record: dict) -> dict:
-  """compiled_peak_bytes and compile_s for one evaluated record."""
-  start = time.perf_counter()
+def cached_confirmation(sweep: Sweep, record: dict) -> dict | None:
+  """A confirmation compiled before for this exact plan (`from_cache`)."""
+  hit = sweep.cache.get("compiles", sweep.cache_key(
+      Config(*record_key(record)), "compile"))
+  return None if hit is None else {**hit["result"], "from_cache": True}
+
+
+def compile_job(sweep: Sweep, record: dict) -> tuple:
+  """What a worker process needs to compile the record's plan."""
   c = Config(*record_key(record))
-  plan = plan_mesh(sweep.topo, c.X, c.Y)
-  settings = sweep.spec.settings(c.batch, c.remat, c.shard, c.optimizer)
+  return (sweep.cfg, sweep.spec.settings(c.batch, c.remat, c.shard,
+                                         c.optimizer), sweep.topo.name, c.X,
+          c.Y)
+
+
+def run_compile_job(cfg: ModelConfig, settings: TrainSettings, topology: str,
+                    x: int, y: int) -> dict:
+  """compile_result for a compile_job (module level: a worker runs it)."""
+  return compile_result(cfg, settings, plan_mesh(parse_topology(topology), x,
+                                                 y))
+
+
+def keep_confirmation(sweep: Sweep, record: dict, result: dict) -> None:
+  sweep.cache.put("compiles", sweep.cache_key(Config(*record_key(record)),
+                                              "compile"), {
+      "result": result, "model": sweep.cfg.name, "topology": sweep.topo.name,
+      "compile_s": result["compile_s"]})
+
+
+def confirm(sweep: Sweep, record: dict) -> dict:
+  """compiled_peak_bytes and compile_s for one evaluated record: from the
+  cache (`from_cache`), or compiled for the topology (and kept)."""
+  hit = cached_confirmation(sweep, record)
+  if hit is not None:
+    return hit
+  result = run_compile_job(*compile_job(sweep, record))
+  keep_confirmation(sweep, record, result)
+  return result
+
+
+def compile_result(cfg: ModelConfig, settings: TrainSettings,
+                   plan: MeshPlan) -> dict:
+  """Compile the step for the plan's topology: its peak and whether it
+  fits, or the compile's error; a compile failure is a result, not a crash."""
+  start = time.perf_counter()
   try:
-    peak = compiled_peak_bytes(sweep.cfg, settings, plan)
-  except Exception as e:  # a compile failure is a result, not a crash
+    peak = compiled_peak_bytes(cfg, settings, plan)
+  except Exception as e:  # noqa: BLE001
     return {"compile_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
             "compile_s": time.perf_counter() - start}
-  return {"compiled_peak_bytes": peak, "compiled_fits": peak <= sweep.topo.chip.hbm_bytes,
+  return {"compiled_peak_bytes": peak,
+          "compiled_fits": peak <= plan.topology.chip.hbm_bytes,
           "compile_s": time.perf_counter() - start}
+
+
+def expected_compile_s(sweep: Sweep) -> float | None:
+  """The median time of this model's compiles on this topology, from the
+  cache's history (None: none made yet)."""
+  return sweep.cache.expected("compiles", "compile_s", model=sweep.cfg.name,
+                              topology=sweep.topo.name)

@@ -1,6 +1,7 @@
 """experiments.mesh_sweep end to end on the tiny model: results.jsonl, resume,
 TensorBoard event files read back with EventAccumulator, bad flags."""
 
+import io
 import json
 import os
 import subprocess
@@ -216,3 +217,22 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, monkeypatch,
                              progress=False, out=open(os.devnull, "w"))
   assert len(_lines(run.run_dir)) == len(SPEC.configs(
       search.parse_topology("v5p-8")))  # resumed, nothing duplicated
+
+
+def test_confirmations_in_two_workers_then_from_the_cache(tmp_path):
+  """--workers compiles plans in parallel processes; the same sweep again
+  (a new run, the same cache) confirms them without compiling."""
+  cache = str(tmp_path / "cache")
+  first = mesh_sweep.run_sweep(SPEC, str(tmp_path), "a", top_k=2, workers=2,
+                               progress=False, out=io.StringIO(),
+                               cache_dir=cache)
+  confirmed = [r for r in first.ranked if "compiled_peak_bytes" in r]
+  assert len(confirmed) == 2 and not any(r.get("from_cache") for r in confirmed)
+  out = io.StringIO()
+  again = mesh_sweep.run_sweep(SPEC, str(tmp_path), "b", top_k=2,
+                               progress=False, out=out, cache_dir=cache)
+  cached = [r for r in again.ranked if "compiled_peak_bytes" in r]
+  assert [r["compiled_peak_bytes"] for r in cached] == [
+      r["compiled_peak_bytes"] for r in confirmed]
+  assert all(r["from_cache"] for r in cached)
+  assert "compiling" not in out.getvalue()  # nothing left to compile

@@ -1,0 +1,108 @@
+"""A persistent cache of results, keyed by everything that determines them.
+
+A sweep's evaluated configs and its compile confirmations are pure functions
+of the model config, the run settings, the topology and mesh, the library
+versions and this project's own code; the key hashes all of them, so a
+repeated sweep or confirmation returns what was computed before, and any
+change (a new jax, an edited rule) misses. Entries are JSON files under
+`directory/kind/`, written whole (a temporary file renamed into place).
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import importlib.metadata
+import json
+import os
+import statistics
+import tempfile
+from typing import Any
+
+_LIBRARIES = ("jax", "jaxlib", "libtpu", "flax", "optax", "numpy")
+_SOURCES = ("simulator", "models", "meshes")
+
+
+def default_dir() -> str:
+  """$XDG_CACHE_HOME/shardsim, or ~/.cache/shardsim."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+      os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "shardsim")
+
+
+@functools.lru_cache(None)
+def code_version() -> str:
+  """The library versions and a hash of this project's source files."""
+  h = hashlib.sha256()
+  for name in _LIBRARIES:
+    try:
+      version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      version = "absent"
+    h.update(f"{name}={version};".encode())
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for package in _SOURCES:
+    for path in sorted(glob.glob(os.path.join(root, package, "**", "*.*"),
+                                 recursive=True)):
+      if path.endswith((".py", ".json")):
+        h.update(os.path.relpath(path, root).encode())
+        with open(path, "rb") as f:
+          h.update(f.read())
+  return h.hexdigest()[:20]
+
+
+class Cache:
+  """Entries by (kind, key); `directory` None or "" disables the cache."""
+
+  def __init__(self, directory: str | None):
+    self.directory = directory or None
+
+  @staticmethod
+  def key(**parts: Any) -> str:
+    text = json.dumps({**parts, "code": code_version()}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+  def _path(self, kind: str, key: str) -> str:
+    return os.path.join(self.directory, kind, key[:2], f"{key}.json")
+
+  def get(self, kind: str, key: str) -> dict | None:
+    if not self.directory:
+      return None
+    try:
+      with open(self._path(kind, key)) as f:
+        return json.load(f)
+    except (OSError, ValueError):  # absent, or torn by a crash: recompute
+      return None
+
+  def put(self, kind: str, key: str, value: dict) -> None:
+    if not self.directory:
+      return
+    path = self._path(kind, key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+      json.dump(value, f)
+    os.replace(tmp, path)
+
+  def history(self, kind: str, field: str, **match: Any) -> list[float]:
+    """`field` of every `kind` entry whose fields equal `match` (the
+    expected time of a compile, from those made before)."""
+    if not self.directory:
+      return []
+    out = []
+    for path in glob.glob(os.path.join(self.directory, kind, "*", "*.json")):
+      try:
+        with open(path) as f:
+          entry = json.load(f)
+      except (OSError, ValueError):
+        continue
+      if field in entry and all(entry.get(k) == v for k, v in match.items()):
+        out.append(float(entry[field]))
+    return out
+
+  def expected(self, kind: str, field: str, **match: Any) -> float | None:
+    """The median of `history`, or None without one."""
+    values = self.history(kind, field, **match)
+    return statistics.median(values) if values else None
