@@ -81,11 +81,17 @@ def main(argv) -> None:
                f"--cache_dir={os.path.join(tmp, 'user-cache')}"]
     for state in ("empty cache", "warm cache"):
       start = time.perf_counter()
-      subprocess.run(command + [f"--logdir={os.path.join(tmp, 'runs')}",
-                                f"--run_name={state.split()[0]}"],
-                     check=True, capture_output=True)
-      print(f"as a user runs it (whole process), {state}: "
-            f"{time.perf_counter() - start:.2f} s", flush=True)
+      proc = subprocess.run(command + [f"--logdir={os.path.join(tmp, 'runs')}",
+                                       f"--run_name={state.split()[0]}"],
+                            capture_output=True, text=True)
+      took = time.perf_counter() - start
+      if proc.returncode:
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        print(f"as a user runs it (whole process), {state}: exit "
+              f"{proc.returncode} after {took:.2f} s: {lines[-1]}", flush=True)
+      else:
+        print(f"as a user runs it (whole process), {state}: {took:.2f} s",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,11 @@ def define_train_flags() -> None:
                     " zero3 +params (FSDP)")
   flags.DEFINE_integer("loss_chunks", d.loss_chunks,
                        "compute logits and loss in this many sequence chunks")
+  flags.DEFINE_integer("lora_rank", d.lora_rank, "LoRA: train rank-r adapters"
+                       " on --lora_targets, the base frozen (no gradient, no "
+                       "optimizer state); 0: full fine-tuning")
+  flags.DEFINE_list("lora_targets", list(d.lora_targets),
+                    f"projections that get an adapter: {', '.join(S.LORA_TARGETS)}")
 
 
 def train_settings() -> S.TrainSettings:
@@ -61,7 +66,8 @@ def train_settings() -> S.TrainSettings:
   return S.TrainSettings(batch=f.batch, seq=f.seq, remat=f.remat,
                          attention=f.attention, optimizer=f.optimizer,
                          precision=f.precision, shard=f.shard,
-                         loss_chunks=f.loss_chunks)
+                         loss_chunks=f.loss_chunks, lora_rank=f.lora_rank,
+                         lora_targets=tuple(f.lora_targets))
 
 
 def fail(message: str) -> None:
@@ -169,4 +175,6 @@ def settings_line(name: str, settings: S.TrainSettings) -> str:
   return (f"{name}: batch {settings.batch} x seq {settings.seq}, remat "
           f"{settings.remat}, attention {settings.attention}, "
           f"{settings.optimizer}/{settings.precision}, X shards {settings.shard},"
-          f" loss_chunks {settings.loss_chunks}")
+          f" loss_chunks {settings.loss_chunks}" + (
+              f", LoRA rank {settings.lora_rank} on "
+              f"{','.join(settings.lora_targets)}" if settings.lora_rank else ""))

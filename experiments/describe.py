@@ -18,6 +18,9 @@ flags.DEFINE_enum("shard", "zero3", ["dp", "zero1", "zero2", "zero3"],
                   "zero3 stores params sharded over X; the others replicate them")
 flags.DEFINE_enum("precision", "mixed", ["mixed", "bf16_master", "bf16"],
                   "mixed stores f32 params; the bf16 policies bf16 params")
+flags.DEFINE_integer("lora_rank", 0, "LoRA adapters of this rank (0: none)")
+flags.DEFINE_list("lora_targets", ["q", "k", "v", "o"],
+                  "projections that get an adapter")
 FLAGS = flags.FLAGS
 
 
@@ -29,12 +32,18 @@ def main(argv):
   from simulator.inventory import describe_params
   from simulator.settings import TrainSettings
   cfg, plan = cli.model_and_plan()
-  settings = TrainSettings(shard=FLAGS.shard, precision=FLAGS.precision)
+  settings = TrainSettings(shard=FLAGS.shard, precision=FLAGS.precision,
+                           lora_rank=FLAGS.lora_rank,
+                           lora_targets=tuple(FLAGS.lora_targets))
   info = describe_params(cfg, plan, settings)
   if FLAGS.format == "json":
     print(json.dumps(info, indent=1))
     return
   print(f"model {info['model']}: {info['num_params']:,} parameters")
+  if settings.lora_rank:
+    print(f"trainable: {info['trainable_params']:,} (LoRA rank "
+          f"{settings.lora_rank} on {','.join(settings.lora_targets)}; the "
+          f"base is frozen)")
   print(plan.describe())
   if info["vocab_padding"]:
     print(f"vocabulary padded by {info['vocab_padding']} rows so Y divides it")

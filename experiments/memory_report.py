@@ -87,6 +87,10 @@ def main(argv):
     header = f"{cli.settings_line(cfg.name, settings)}\n{plan.describe()}"
     if replicated:
       header += "\n" + kv_heads_note(cfg, plan.Y)
+    if settings.lora_rank:
+      header += (f"\ntrainable parameters: {estimate.trainable_params:,} "
+                 f"(the LoRA adapters; the base is frozen: no gradient, no "
+                 f"optimizer state)")
     print(render(estimate, header))
 
 

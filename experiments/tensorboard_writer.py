@@ -199,6 +199,25 @@ CURVES = {"memory/peak_gib": ("peak_bytes", 1 / GiB),
           "perf/mfu": ("mfu", 1)}
 
 
+def aligned(table: str) -> str:
+  """A markdown table's rows with their columns padded to one width each
+  (other lines as they are), for a monospace block."""
+  rows = [l for l in table.splitlines() if l.startswith("|")]
+  cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
+  widths = [max(len(c[i]) for c in cells if i < len(c))
+            for i in range(max(map(len, cells)))] if cells else []
+  out = []
+  for line in table.splitlines():
+    if not line.startswith("|"):
+      out.append(line)
+      continue
+    row = [c.strip() for c in line.strip("|").split("|")]
+    if all(set(c) <= {"-"} for c in row):
+      row = ["-" * w for w in widths]
+    out.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+  return "\n".join(out)
+
+
 def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
                 recommendation: str, hbm_bytes: int) -> str:
   """Writes the sweep's TensorBoard report into a new RUN_DIR/tensorboard[-n]:
@@ -208,11 +227,14 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
   sessions = ok[:MAX_SESSIONS]
   hparams = {h: [_hparam(r, h) for r in sessions] for h in SWEEP_HPARAMS}
   with MetricsWriter(root) as w:
-    w.hparams_config(hparams, {t: m[2] for t, m in SWEEP_METRICS.items()})
+    if sessions:  # no plan evaluated: no experiment to describe
+      w.hparams_config(hparams, {t: m[2] for t, m in SWEEP_METRICS.items()})
     note = "" if len(ok) == len(sessions) else (
         f"\n\nHParams holds the {len(sessions)} best of the {len(ok)} plans "
         f"evaluated; every plan is in the table above and in results.jsonl.")
-    w.text("sweep/ranked_table", table + note)
+    # Preformatted: TensorBoard draws a markdown table as wide as its panel
+    # and breaks cells mid-word ("ran k"); a code block scrolls instead.
+    w.text("sweep/ranked_table", f"```\n{aligned(table)}\n```{note}")
     w.text("sweep/recommendation", recommendation)
     w.image("memory/breakdown", sweep_plots.memory_breakdown(ranked,
                                                              hbm_bytes),

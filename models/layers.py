@@ -73,6 +73,7 @@ class Dense(nn.Module):
   param_dtype: jnp.dtype
   bias: bool = False
   bias_dims: int = 1  # trailing weight dims the bias covers
+  lora_rank: int = 0  # > 0: a trainable low-rank adapter beside the kernel
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -82,12 +83,41 @@ class Dense(nn.Module):
     if not jax.sharding.get_abstract_mesh().empty:
       out_spec = self.rules.spec("activations", self.out)
     y = jnp.einsum(self.equation, x, w, out_sharding=out_spec)
+    if self.lora_rank:
+      y = y + self._adapter(x, args)
     if self.bias:
       n = self.bias_dims
       b = weight(self, "bias", self.shape[-n:], self.names[-n:], *args,
                  init=nn.initializers.zeros)
       y = y + b
     return y
+
+
+  def _adapter(self, x: jax.Array, args) -> jax.Array:
+    """LoRA: x·A·B, A over the kernel's input dims and B over its output
+    dims, each laid out by the kernel's own logical names (B starts at zero,
+    as LoRA initialises it)."""
+    lhs, rest = self.equation.split(",")
+    kernel, out = rest.split("->")
+    r = next(c for c in "rzyxwq" if c not in self.equation)
+    into = [i for i, c in enumerate(kernel) if c in lhs]
+    outof = [i for i, c in enumerate(kernel) if c in out]
+    keep = "".join(c for c in lhs if c not in kernel)
+    a = weight(self, "lora_a", tuple(self.shape[i] for i in into) + (
+        self.lora_rank,), tuple(self.names[i] for i in into) + (None,), *args)
+    b = weight(self, "lora_b", (self.lora_rank,) + tuple(
+        self.shape[i] for i in outof), (None,) + tuple(
+            self.names[i] for i in outof), *args, init=nn.initializers.zeros)
+    mid_spec = None
+    if not jax.sharding.get_abstract_mesh().empty:
+      mid_spec = self.rules.spec("activations", self.out[:len(keep)] + (None,))
+    h = jnp.einsum(f"{lhs},{''.join(kernel[i] for i in into)}{r}->{keep}{r}",
+                   x, a, out_sharding=mid_spec)
+    out_spec = None
+    if mid_spec is not None:
+      out_spec = self.rules.spec("activations", self.out)
+    return jnp.einsum(f"{keep}{r},{r}{''.join(kernel[i] for i in outof)}->{out}",
+                      h, b, out_sharding=out_spec)
 
 
 class Mlp(nn.Module):
@@ -101,14 +131,16 @@ class Mlp(nn.Module):
   rules: AxisRules
   dtype: jnp.dtype
   param_dtype: jnp.dtype
+  lora: tuple = (0, ())  # (rank, the projections that get an adapter)
 
   @nn.compact
   def __call__(self, x_BxSxD: jax.Array) -> jax.Array:
     common = dict(rules=self.rules, dtype=self.dtype,
                   param_dtype=self.param_dtype, bias=self.bias)
+    rank = lambda name: self.lora[0] if name in self.lora[1] else 0
     up = lambda name: Dense((self.d_model, self.d_ff), ("embed", "mlp"),
                             "bsd,df->bsf", ("batch", "length", "mlp"),
-                            name=name, **common)
+                            name=name, lora_rank=rank(name), **common)
     x_BxSxD = checkpoint_name(x_BxSxD, "mlp_in")
     h_BxSxF = checkpoint_name(up("wi")(x_BxSxD), "mlpwi")
     if self.kind in ("swiglu", "geglu"):
@@ -119,4 +151,5 @@ class Mlp(nn.Module):
     h_BxSxF = checkpoint_name(h_BxSxF, "mlp_hidden")
     return checkpoint_name(Dense(
         (self.d_ff, self.d_model), ("mlp", "embed"), "bsf,fd->bsd",
-        ("batch", "length", "embed"), name="wo", **common)(h_BxSxF), "mlpwo")
+        ("batch", "length", "embed"), name="wo", lora_rank=rank("wo"),
+        **common)(h_BxSxF), "mlpwo")

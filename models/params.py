@@ -26,17 +26,18 @@ def sample_inputs(cfg: ModelConfig, batch: int = 1, seq: int = 1):
 def abstract_params(model: Decoder) -> tuple[Any, Any]:
   """(ShapeDtypeStruct tree, tree of logical axis-name tuples).
 
-  Params do not depend on remat, attention kernel or loss chunking, so one
-  eval_shape serves every such variant (a sweep builds many). Callers must
+  Params do not depend on remat, attention kernel or loss chunking (LoRA
+  adapters do add params), so one eval_shape serves every such variant (a
+  sweep builds many). Callers must
   not mutate the returned trees: they are shared.
   """
   return _abstract_params(model.cfg, model.rules, model.dtype,
-                          model.param_dtype)
+                          model.param_dtype, model.lora)
 
 
 @functools.lru_cache(maxsize=16)
-def _abstract_params(cfg, rules, dtype, param_dtype):
-  model = Decoder(cfg, rules, dtype=dtype, param_dtype=param_dtype)
+def _abstract_params(cfg, rules, dtype, param_dtype, lora=(0, ())):
+  model = Decoder(cfg, rules, dtype=dtype, param_dtype=param_dtype, lora=lora)
   boxed = jax.eval_shape(model.init, jax.random.key(0),
                          *sample_inputs(model.cfg))["params"]
   names = jax.tree.map(lambda b: b.names, boxed,

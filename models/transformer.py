@@ -59,16 +59,18 @@ class Attention(nn.Module):
   impl: str
   dtype: jnp.dtype
   param_dtype: jnp.dtype
+  lora: tuple = (0, ())  # (rank, the projections that get an adapter)
 
   @nn.compact
   def __call__(self, x_BxSxD: jax.Array) -> jax.Array:
     c = self.cfg
     common = dict(rules=self.rules, dtype=self.dtype,
                   param_dtype=self.param_dtype, bias_dims=2)
+    rank = lambda name: self.lora[0] if name in self.lora[1] else 0
     proj = lambda name, heads, axis: Dense(
         (c.d_model, heads, c.head_dim), ("embed", axis, "kv"), "bsd,dnh->bsnh",
         ("batch", "length", axis, "kv"), bias=c.bias or c.qkv_bias, name=name,
-        **common)
+        lora_rank=rank(name), **common)
     q = proj("q", c.n_heads, "heads")(x_BxSxD)
     k = proj("k", c.n_kv_heads, "kv_heads")(x_BxSxD)
     v = proj("v", c.n_kv_heads, "kv_heads")(x_BxSxD)
@@ -81,7 +83,7 @@ class Attention(nn.Module):
         o, q.shape, self.rules, ("batch", "length", "heads", "kv")), "attn_out")
     return checkpoint_name(Dense(
         (c.n_heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
-        "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o",
+        "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o", lora_rank=rank("o"),
         **{**common, "bias_dims": 1})(o_BxSxNxH), "out_proj")
 
 
@@ -91,6 +93,7 @@ class Block(nn.Module):
   attention: str
   dtype: jnp.dtype
   param_dtype: jnp.dtype
+  lora: tuple = (0, ())
 
   @nn.compact
   def __call__(self, x_BxSxD: jax.Array, _) -> tuple[jax.Array, None]:
@@ -98,7 +101,7 @@ class Block(nn.Module):
     norm = lambda name: Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                              name=name)
     mods = dict(rules=self.rules, dtype=self.dtype,
-                param_dtype=self.param_dtype)
+                param_dtype=self.param_dtype, lora=self.lora)
     mlp = Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp", **mods)
     if c.parallel_block:
       h = norm("pre_norm")(activation(x_BxSxD, GATHERED, self.rules))
@@ -127,6 +130,7 @@ class Decoder(nn.Module):
   loss_chunks: int = 1
   dtype: jnp.dtype = jnp.bfloat16
   param_dtype: jnp.dtype = jnp.float32
+  lora: tuple = (0, ())  # (rank, projections): LoRA adapters (layers.Dense)
 
   @nn.compact
   def __call__(self, inputs: jax.Array, targets: jax.Array) -> jax.Array:
@@ -148,7 +152,7 @@ class Decoder(nn.Module):
                      metadata_params={nn.PARTITION_NAME: "layers"})
     with jax.named_scope(scopes.LAYERS):
       x, _ = blocks(c, self.rules, self.attention, self.dtype,
-                    self.param_dtype, name="blocks")(x, None)
+                    self.param_dtype, self.lora, name="blocks")(x, None)
     if c.final_norm:
       x = Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                name="final_norm")(activation(x, GATHERED, self.rules))

@@ -41,10 +41,14 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
         "per_device_bytes": device_bytes(sds),
     })
   topo = plan.topology
+  num_params = sum(math.prod(g["shape"]) for g in groups) - padding * (
+      cfg.d_model * (1 if cfg.tie_embeddings else 2))
+  adapters = sum(math.prod(g["shape"]) for g in groups
+                 if "/lora_" in "/" + g["path"])
   return {
       "model": cfg.name,
-      "num_params": sum(math.prod(g["shape"]) for g in groups) - padding * (
-          cfg.d_model * (1 if cfg.tie_embeddings else 2)),
+      "num_params": num_params,
+      "trainable_params": adapters if settings.lora_rank else num_params,
       "vocab_padding": padding,
       "kv_heads_replicated": kv_heads_replicated(cfg, plan.Y),
       "topology": {"name": topo.name, "chips": topo.chips,

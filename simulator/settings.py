@@ -9,6 +9,7 @@ ATTENTIONS = ("materialized", "flash")
 OPTIMIZERS = ("adamw", "adamw_bf16_mu", "adafactor", "sgd", "sgd_momentum")
 PRECISIONS = ("mixed", "bf16_master", "bf16")
 SHARDS = ("dp", "zero1", "zero2", "zero3")
+LORA_TARGETS = ("q", "k", "v", "o", "wi", "wi_gate", "wo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +24,8 @@ class TrainSettings:
   precision: str = "mixed"
   shard: str = "zero3"
   loss_chunks: int = 1
+  lora_rank: int = 0  # > 0: train rank-r adapters only, the base frozen
+  lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
 
   def __post_init__(self):
     for field in ("batch", "seq", "loss_chunks"):
@@ -34,6 +37,14 @@ class TrainSettings:
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r}; valid: "
                          f"{', '.join(valid)}")
+    if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+      raise ValueError(f"lora_rank={self.lora_rank!r} must be an integer >= 0"
+                       " (0: full fine-tuning)")
+    bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
+    if bad or (self.lora_rank and not self.lora_targets):
+      raise ValueError(f"lora_targets={','.join(self.lora_targets)!r}: "
+                       f"{bad[0] if bad else 'empty'!r} is not a projection; "
+                       f"valid: {', '.join(LORA_TARGETS)}")
     from models.remat import policy  # validates the remat spec
     policy(self.remat)
 

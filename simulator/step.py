@@ -64,7 +64,8 @@ def make_model(cfg: ModelConfig, settings: TrainSettings,
   return Decoder(cfg, rules=rules, remat=settings.remat,
                  attention=settings.attention,
                  loss_chunks=settings.loss_chunks,
-                 param_dtype=PRECISION[settings.precision].param_dtype)
+                 param_dtype=PRECISION[settings.precision].param_dtype,
+                 lora=(settings.lora_rank, tuple(settings.lora_targets)))
 
 
 def batch_shapes(cfg: ModelConfig, settings: TrainSettings,
@@ -193,12 +194,17 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     _check_divisible(f"batch {key} {shape}", shape, spec, mesh)
 
   leaves, names = abstract_params(model)
+  trainable = _trainable(leaves, settings)
+  train_leaves = _subtree(leaves, trainable)
+  train_names = _subtree(names, trainable,
+                         is_leaf=lambda x: isinstance(x, tuple))
 
-  params, grads, opt_params = (lay_out_params(leaves, names, r, mesh)
-                                for r in (rules, grad_rules, opt_rules))
+  params = lay_out_params(leaves, names, rules, mesh)
+  grads, opt_params = (lay_out_params(train_leaves, train_names, r, mesh)
+                       for r in (grad_rules, opt_rules))
   specs = lambda tree: jax.tree.map(lambda x: x.sharding.spec, tree)
-  param_specs, grad_specs, opt_specs = specs(params), specs(grads), specs(
-      opt_params)
+  param_specs = specs(_subtree(params, trainable))
+  grad_specs, opt_specs = specs(grads), specs(opt_params)
   batch = {k: _sds(s, d, mesh, spec) for k, (s, d, spec) in shapes.items()}
   tx = make_optimizer(settings.optimizer, settings.precision)
   with jax.sharding.use_abstract_mesh(_abstract(mesh)):
@@ -211,16 +217,57 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     return jax.tree.map(jax.sharding.reshard, tree, tree_specs)
 
   def step(p, opt_state, batch):
-    loss, g = jax.value_and_grad(loss_fn)(p, batch)
+    train = _subtree(p, trainable)  # the base stays as it is (LoRA)
+    loss, g = jax.value_and_grad(
+        lambda t: loss_fn(_merged(p, t, trainable), batch))(train)
     g = reshard_tree(g, grad_specs)  # zero2/3: the gradient reduce-scatter
-    p_opt = reshard_tree(p, opt_specs)  # zero1/2: this device's slice
+    p_opt = reshard_tree(train, opt_specs)  # zero1/2: this device's slice
     updates, opt_state = tx.update(reshard_tree(g, opt_specs), opt_state,
                                    p_opt)
     new_p = optax.apply_updates(p_opt, updates)
-    return reshard_tree(new_p, param_specs), opt_state, loss  # ZeRO all-gather
+    new_p = reshard_tree(new_p, param_specs)  # ZeRO all-gather
+    return _merged(p, new_p, trainable), opt_state, loss
 
   return Step(step, loss_fn, params, grads, opt_state, batch, names, model,
               rules, vocab_padding)
+
+
+def _trainable(params: Tree, settings: TrainSettings) -> set:
+  """The paths of the parameters the step trains: every one, or with
+  `lora_rank` the adapters alone (the base is frozen: no gradient, no
+  optimizer state)."""
+  paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  if not settings.lora_rank:
+    return set(paths)
+  return {p for p in paths
+          if any(str(getattr(k, "key", k)).startswith("lora_") for k in p)}
+
+
+def _subtree(tree: Tree, paths: set, is_leaf=None) -> Tree:
+  """The leaves of `tree` at `paths`, as a nested dict of the same keys."""
+  out: dict = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree,
+                                                          is_leaf=is_leaf)[0]:
+    if path in paths:
+      node = out
+      for k in path[:-1]:
+        node = node.setdefault(k.key, {})
+      node[path[-1].key] = leaf
+  return out
+
+
+def _merged(tree: Tree, sub: Tree, paths: set) -> Tree:
+  """`tree` with its leaves at `paths` taken from `sub` (same order)."""
+  taken = dict(jax.tree_util.tree_flatten_with_path(sub)[0])
+  flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+  return jax.tree_util.tree_unflatten(
+      treedef, [taken.get(path, leaf) if path in paths else leaf
+                for path, leaf in flat])
+
+
+def trainable_params(step: Step) -> int:
+  """How many parameters the step trains (its gradients' elements)."""
+  return sum(math.prod(g.shape) for g in jax.tree.leaves(step.grads))
 
 
 def _abstract(mesh):

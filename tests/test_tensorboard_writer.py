@@ -67,3 +67,21 @@ def test_a_sweep_report_keeps_to_forty_runs(tmp_path):
   runs = [d for d, _, files in os.walk(root)
           if any(f.startswith("events.out.tfevents") for f in files)]
   assert len(runs) == tw.MAX_RUNS == 40
+
+
+def test_a_sweep_where_every_config_failed_still_writes_its_report(tmp_path):
+  """No session, no hparams experiment (an empty domain is an error)."""
+  from experiments import tensorboard_writer as tw
+  failed = [dict(status="failed", X=6144, Y=1, batch=6144, remat="full",
+                 shard="zero3", optimizer="adamw", error="X does not divide")]
+  root = tw.write_sweep(str(tmp_path), failed, "| table |", "no config could "
+                        "be evaluated", 2**34)
+  assert os.path.isdir(root) and not os.path.exists(
+      os.path.join(root, "sessions"))
+
+
+def test_the_ranked_table_is_shown_in_aligned_columns():
+  from experiments import tensorboard_writer as tw
+  text = tw.aligned("| rank | mesh |\n|---|---|\n| 1 | 64x1 |\n[1] a reason")
+  assert text.splitlines() == ["rank  mesh", "----  ----", "1     64x1",
+                               "[1] a reason"]

@@ -56,7 +56,7 @@ from simulator.batch_probe import carries_batch, require_probe, rescale
 from simulator.memory import liveness, xla_rules
 from simulator.memory.tiling import tpu_tiled_bytes
 from simulator.settings import TrainSettings
-from simulator.step import device_bytes, device_shape
+from simulator.step import device_bytes, device_shape, trainable_params
 from simulator.trace import Residual, Traced, read_inputs, trace_probe
 
 # Runtime and fragmentation overhead as a fraction of the compiled-comparable
@@ -124,14 +124,17 @@ class MemoryEstimate:
   tensors: tuple[Tensor, ...] = dataclasses.field(repr=False, default=())
   points: liveness.Points | None = dataclasses.field(repr=False,
                                                      default=None)
+  trainable_params: int = 0  # parameters the step trains (LoRA: adapters)
 
   def at_batch(self, batch: int) -> "MemoryEstimate":
     """The same mesh and program at another global batch, without retracing."""
     if not isinstance(batch, int) or batch <= 0 or batch % self.batch_shards:
       raise ValueError(f"batch={batch!r} must be a positive multiple of "
                        f"{self.batch_shards} (the batch's shards)")
-    return _assemble(self.tensors, self.points, batch, self.traced_batch,
-                     self.hbm_bytes, self.batch_shards)
+    return dataclasses.replace(
+        _assemble(self.tensors, self.points, batch, self.traced_batch,
+                  self.hbm_bytes, self.batch_shards),
+        trainable_params=self.trainable_params)
 
 
 # --------------------------------------------------------------------------
@@ -235,8 +238,10 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   donated = len(jax.tree.leaves(step.params)) + len(
       jax.tree.leaves(step.opt_state))
   points = liveness.simulate(traced.jaxpr, donated)
-  return _assemble(tuple(tensors), points, batch, batch,
-                   plan.topology.chip.hbm_bytes, batch // per_device_batch)
+  return dataclasses.replace(
+      _assemble(tuple(tensors), points, batch, batch,
+                plan.topology.chip.hbm_bytes, batch // per_device_batch),
+      trainable_params=trainable_params(step))
 
 
 def _peak_category(b: liveness.LiveBuffer) -> str:
@@ -336,6 +341,7 @@ def to_json(estimate: MemoryEstimate) -> dict:
    "peak_buffers": [{"name", "shape", "dtype", "bytes", "category"}, ...],
    "phase_bytes": {part of the step: its largest live set},
    "host_bytes", "hbm_bytes", "headroom_bytes", "fits", "eta_mem", "batch",
+   "trainable_params",
    "batch_bytes", "overhead_fraction", "arguments_bytes",
    "tile_padding_bytes",
    "contributors": {category: [{"name", "shape", "dtype", "bytes"}, ...]}}
@@ -355,6 +361,7 @@ def to_json(estimate: MemoryEstimate) -> dict:
       "fits": bool(estimate.fits),
       "eta_mem": float(estimate.eta_mem),
       "batch": int(estimate.batch),
+      "trainable_params": int(estimate.trainable_params),
       "batch_bytes": int(estimate.batch_bytes),
       "overhead_fraction": OVERHEAD_FRACTION,
       "arguments_bytes": int(estimate.arguments_bytes),
