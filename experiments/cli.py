@@ -54,6 +54,10 @@ def define_train_flags() -> None:
                     " zero3 +params (FSDP)")
   flags.DEFINE_integer("loss_chunks", d.loss_chunks,
                        "compute logits and loss in this many sequence chunks")
+  flags.DEFINE_integer("grad_accum", d.grad_accum, "run the step as this "
+                       "many micro-batches of batch/grad_accum sequences, "
+                       "summing their gradients (DeepSpeed's gradient "
+                       "accumulation steps)")
   flags.DEFINE_integer("lora_rank", d.lora_rank, "LoRA: train rank-r adapters"
                        " on --lora_targets, the base frozen (no gradient, no "
                        "optimizer state); 0: full fine-tuning")
@@ -66,7 +70,8 @@ def train_settings() -> S.TrainSettings:
   return S.TrainSettings(batch=f.batch, seq=f.seq, remat=f.remat,
                          attention=f.attention, optimizer=f.optimizer,
                          precision=f.precision, shard=f.shard,
-                         loss_chunks=f.loss_chunks, lora_rank=f.lora_rank,
+                         loss_chunks=f.loss_chunks, grad_accum=f.grad_accum,
+                         lora_rank=f.lora_rank,
                          lora_targets=tuple(f.lora_targets))
 
 
@@ -176,5 +181,8 @@ def settings_line(name: str, settings: S.TrainSettings) -> str:
           f"{settings.remat}, attention {settings.attention}, "
           f"{settings.optimizer}/{settings.precision}, X shards {settings.shard},"
           f" loss_chunks {settings.loss_chunks}" + (
+              f", {settings.grad_accum} micro-batches of "
+              f"{settings.batch // settings.grad_accum}"
+              if settings.grad_accum > 1 else "") + (
               f", LoRA rank {settings.lora_rank} on "
               f"{','.join(settings.lora_targets)}" if settings.lora_rank else ""))

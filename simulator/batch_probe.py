@@ -48,15 +48,18 @@ def check_config(cfg: ModelConfig, seq: int) -> None:
                      f"the batch")
 
 
-def require_probe(batch: int, devices: int, what: str) -> None:
+def require_probe(batch: int, devices: int, what: str,
+                  grad_accum: int = 1) -> None:
   """Refuse a trace that was not taken at the probe batch."""
-  if batch != PROBE * devices:
+  if batch != PROBE * devices * grad_accum:
     raise ValueError(f"{what} needs the step traced at the probe batch "
                      f"(simulator.trace.trace_probe), not batch {batch}")
 
 
 def probe_settings(cfg: ModelConfig, settings: TrainSettings,
                    devices: int) -> TrainSettings:
-  """`settings` at the probe batch for a mesh of `devices` chips."""
+  """`settings` at the probe batch for a mesh of `devices` chips: PROBE
+  sequences per device in each micro-batch (grad_accum of them)."""
   check_config(cfg, settings.seq)
-  return dataclasses.replace(settings, batch=PROBE * devices)
+  return dataclasses.replace(settings,
+                             batch=PROBE * devices * settings.grad_accum)

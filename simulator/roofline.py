@@ -203,7 +203,7 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan), residuals=False)
   batch = traced.step.batch["inputs"].shape[0]
-  require_probe(batch, plan.X * plan.Y, "fit_mesh")
+  require_probe(batch, plan.X * plan.Y, "fit_mesh", settings.grad_accum)
   return fit(read_traced(traced), batch * settings.seq, plan, settings.seq)
 
 

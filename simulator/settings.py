@@ -24,11 +24,12 @@ class TrainSettings:
   precision: str = "mixed"
   shard: str = "zero3"
   loss_chunks: int = 1
+  grad_accum: int = 1  # micro-batches per step (batch = micro x this)
   lora_rank: int = 0  # > 0: train rank-r adapters only, the base frozen
   lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
 
   def __post_init__(self):
-    for field in ("batch", "seq", "loss_chunks"):
+    for field in ("batch", "seq", "loss_chunks", "grad_accum"):
       value = getattr(self, field)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{field}={value!r} must be a positive integer")
@@ -37,6 +38,10 @@ class TrainSettings:
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r}; valid: "
                          f"{', '.join(valid)}")
+    if self.batch % self.grad_accum:
+      raise ValueError(f"batch={self.batch} is not a multiple of grad_accum="
+                       f"{self.grad_accum}; the step runs batch/grad_accum "
+                       f"sequences per micro-batch")
     if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
       raise ValueError(f"lora_rank={self.lora_rank!r} must be an integer >= 0"
                        " (0: full fine-tuning)")

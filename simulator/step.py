@@ -53,6 +53,8 @@ class Step:
   model: Decoder
   rules: AxisRules
   vocab_padding: int  # rows added so Y divides the vocabulary, as Megatron does
+  grad_accum: int = 1  # micro-batches per step
+  micro_batch: Tree = None  # one micro-batch's abstract arrays
 
   @property
   def args(self) -> tuple[Tree, Tree, Tree]:
@@ -190,8 +192,12 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = make_model(cfg, settings, rules)
   shapes = batch_shapes(cfg, settings, rules)
+  accum = settings.grad_accum
   for key, (shape, _, spec) in shapes.items():
     _check_divisible(f"batch {key} {shape}", shape, spec, mesh)
+    micro_shape = (shape[0] // accum, *shape[1:])
+    _check_divisible(f"micro-batch {key} {micro_shape} (grad_accum={accum})",
+                     micro_shape, spec, mesh)
 
   leaves, names = abstract_params(model)
   trainable = _trainable(leaves, settings)
@@ -206,6 +212,8 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   param_specs = specs(_subtree(params, trainable))
   grad_specs, opt_specs = specs(grads), specs(opt_params)
   batch = {k: _sds(s, d, mesh, spec) for k, (s, d, spec) in shapes.items()}
+  micro_batch = {k: _sds((s[0] // accum, *s[1:]), d, mesh, spec)
+                 for k, (s, d, spec) in shapes.items()}
   tx = make_optimizer(settings.optimizer, settings.precision)
   with jax.sharding.use_abstract_mesh(_abstract(mesh)):
     opt_state = jax.eval_shape(tx.init, opt_params)
@@ -216,11 +224,32 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   def reshard_tree(tree, tree_specs):
     return jax.tree.map(jax.sharding.reshard, tree, tree_specs)
 
+  def loss_and_grads(p, train, batch):
+    """Over the whole batch, or summed over grad_accum micro-batches in a
+    loop whose carry is the accumulated gradient."""
+    value = jax.value_and_grad(
+        lambda t, b: loss_fn(_merged(p, t, trainable), b))
+
+    def one(b):  # zero2/3: the gradient reduce-scatter, per micro-batch
+      loss, g = value(train, b)
+      return loss, reshard_tree(g, grad_specs)
+
+    if accum == 1:
+      return one(batch)
+    micro = jax.tree.map(_micro_batches(accum), batch)
+    first = one(jax.tree.map(lambda x: x[0], micro))
+
+    def add(carry, b):
+      loss, g = one(b)
+      return (carry[0] + loss, jax.tree.map(jnp.add, carry[1], g)), None
+
+    (loss, g), _ = jax.lax.scan(add, first,
+                                jax.tree.map(lambda x: x[1:], micro))
+    return loss / accum, jax.tree.map(lambda x: x / accum, g)
+
   def step(p, opt_state, batch):
     train = _subtree(p, trainable)  # the base stays as it is (LoRA)
-    loss, g = jax.value_and_grad(
-        lambda t: loss_fn(_merged(p, t, trainable), batch))(train)
-    g = reshard_tree(g, grad_specs)  # zero2/3: the gradient reduce-scatter
+    loss, g = loss_and_grads(p, train, batch)
     p_opt = reshard_tree(train, opt_specs)  # zero1/2: this device's slice
     updates, opt_state = tx.update(reshard_tree(g, opt_specs), opt_state,
                                    p_opt)
@@ -229,7 +258,21 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     return _merged(p, new_p, trainable), opt_state, loss
 
   return Step(step, loss_fn, params, grads, opt_state, batch, names, model,
-              rules, vocab_padding)
+              rules, vocab_padding, accum, micro_batch)
+
+
+def _micro_batches(accum: int) -> Callable[[jax.Array], jax.Array]:
+  """[B, ...] -> [accum, B/accum, ...], micro-batch j the rows i·accum + j:
+  each device splits the rows it holds, so no data moves."""
+  def split(x: jax.Array) -> jax.Array:
+    shape = (x.shape[0] // accum, accum, *x.shape[1:])
+    if jax.sharding.get_abstract_mesh().empty:
+      return jnp.moveaxis(jnp.reshape(x, shape), 1, 0)
+    spec = tuple(jax.typeof(x).sharding.spec)
+    spec += (None,) * (x.ndim - len(spec))
+    y = jnp.reshape(x, shape, out_sharding=P(spec[0], None, *spec[1:]))
+    return jnp.moveaxis(y, 1, 0)
+  return split
 
 
 def _trainable(params: Tree, settings: TrainSettings) -> set:

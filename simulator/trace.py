@@ -242,7 +242,7 @@ def trace(cfg: ModelConfig, settings: TrainSettings, mesh,
   with jax.sharding.use_abstract_mesh(mesh):
     jaxpr = jax.make_jaxpr(step.fn)(*step.args)
     residuals = fused_residuals(step.loss_fn, step.params,
-                                step.batch) if residuals else ()
+                                step.micro_batch) if residuals else ()
   return Traced(step, jaxpr, residuals)
 
 

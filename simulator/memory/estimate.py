@@ -230,7 +230,8 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   `at_batch` for a real one."""
   step = traced.step
   batch = step.batch["inputs"].shape[0]
-  require_probe(batch, plan.X * plan.Y, "estimate_memory")
+  require_probe(batch, plan.X * plan.Y, "estimate_memory",
+                step.grad_accum)
   _require_loss(traced.jaxpr)
   per_device_batch = device_shape(step.batch["inputs"])[0]
   tiled = plan.topology.chip.kind == "tpu"

@@ -138,10 +138,15 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
         yield c
 
   chained = xla_rules.matmul_fusion_chain(eqns, readers, outs, local)
+  accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
+                                             set(jaxpr.invars))
   size: dict = {}
   for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
     eqn = eqns[i]
     for v in eqn.outvars:
+      if v in accumulated:
+        size[v] = (0, 0)
+        continue
       fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or (
           v not in outs and xla_rules.fused_away(
               eqn, v, consumers.get(v, []), list(readers(v)), local,
