@@ -62,6 +62,12 @@ def define_flags() -> None:
   flags.DEFINE_list("optimizers", ["adamw"], f"optimizers: {', '.join(S.OPTIMIZERS)}")
   flags.DEFINE_enum("attention", "flash", list(S.ATTENTIONS), "attention kernel")
   flags.DEFINE_enum("precision", "mixed", list(S.PRECISIONS), "precision")
+  flags.DEFINE_integer("grad_accum", 1, "micro-batches per step (each batch "
+                       "is split into this many)")
+  flags.DEFINE_integer("lora_rank", 0, "LoRA adapters of this rank trained, "
+                       "the base frozen; 0: full fine-tuning")
+  flags.DEFINE_list("lora_targets", ["q", "k", "v", "o"],
+                    f"projections with an adapter: {', '.join(S.LORA_TARGETS)}")
   flags.DEFINE_integer("top_k", 3, "confirm this many best plans by compiling; 0: none")
   flags.DEFINE_bool("resume", False, "continue the latest LOGDIR/RUN* folder")
   flags.DEFINE_bool("progress", True, "progress bars on stderr")
@@ -98,7 +104,9 @@ def spec_from_flags():
       batches=_ints("batches", FLAGS.batches), remats=join_remats(FLAGS.remats),
       shards=tuple(FLAGS.shards), optimizers=tuple(FLAGS.optimizers),
       seq=FLAGS.seq, attention=FLAGS.attention, precision=FLAGS.precision,
-      meshes=(parse_mesh(FLAGS.mesh),) if FLAGS.mesh else None)
+      meshes=(parse_mesh(FLAGS.mesh),) if FLAGS.mesh else None,
+      grad_accum=FLAGS.grad_accum, lora_rank=FLAGS.lora_rank,
+      lora_targets=tuple(FLAGS.lora_targets))
 
 
 def run_dir_for(logdir: str, name: str, resume: bool) -> str:
@@ -115,22 +123,28 @@ def run_dir_for(logdir: str, name: str, resume: bool) -> str:
 
 
 RUN_SETTINGS = "run.json"  # what a run's results depend on, for --resume
-_IDENTITY = ("model", "topology", "seq", "attention", "precision")
+_IDENTITY = ("model", "topology", "seq", "attention", "precision",
+             "grad_accum", "lora_rank", "lora_targets")
 
 
 def check_run_settings(run_dir: str, spec) -> None:
   """A new run records the settings its results depend on; a resumed one
   must have the same, or its old results would be reported as the new."""
+  from simulator.search import SweepSpec
   path = os.path.join(run_dir, RUN_SETTINGS)
-  mine = {k: getattr(spec, k) for k in _IDENTITY}
+  as_json = lambda d: json.loads(json.dumps(d))  # tuples as lists
+  mine = as_json({k: getattr(spec, k) for k in _IDENTITY})
+  defaults = as_json({f.name: f.default for f in dataclasses.fields(SweepSpec)
+                      if f.name in _IDENTITY
+                      and f.default is not dataclasses.MISSING})
   if not os.path.exists(path):
     with open(path, "w") as f:
       json.dump(mine, f, indent=1)
     return
   with open(path) as f:
     theirs = json.load(f)
-  for k in _IDENTITY:
-    if theirs.get(k) != mine[k]:
+  for k in _IDENTITY:  # a run from before a setting existed had its default
+    if theirs.get(k, defaults.get(k)) != mine[k]:
       raise ValueError(
           f"--resume: {run_dir} was made with --{k}={theirs.get(k)}, this "
           f"command has --{k}={mine[k]}; resume with the same value or start "

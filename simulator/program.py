@@ -87,6 +87,8 @@ class Dot:
   x_exp: int  # per-device FLOPs ∝ X^-x_exp · Y^-y_exp at fixed global batch
   y_exp: int
   dims: tuple[int, ...]  # output then contracting dims: FLOPs = 2·their product
+  kind: str = "activation"  # "weight": x·W; "weight_grad": a batch-free
+  # result (contracts the batch); "activation": both operands carry it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,7 +450,7 @@ class _Walker:
     self.dots.append(Dot(flops_glob, flops_dev, ctx["mult"], source,
                          ctx["layer"], ctx["phase"], int("X" in split),
                          int("Y" in split),
-                         (*osh, *(ls[i] for i in lc))))
+                         (*osh, *(ls[i] for i in lc)), _dot_kind(ls, rs, osh)))
     for side, var, shape, spec, d in (("l", lhs, ls, Ls, in_data[0]),
                                       ("r", rhs, rs, Rs, in_data[1])):
       cur = [list(x) for x in spec]
@@ -519,6 +521,14 @@ class _Walker:
     for a in axes:
       self._emit(ctx, kinds[name], a, aval.shape, ((),) * len(aval.shape),
                  aval.dtype, source, data, critical, nbytes=nbytes)
+
+
+def _dot_kind(lhs: tuple, rhs: tuple, out: tuple) -> str:
+  """What a matmul is, by which of its shapes carry the batch."""
+  from simulator.batch_probe import carries_batch
+  if not carries_batch(out):
+    return "weight_grad"
+  return "activation" if carries_batch(lhs) and carries_batch(rhs) else "weight"
 
 
 # Not fusions' HBM traffic: matmuls (timed by FLOPs) and collectives.

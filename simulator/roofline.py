@@ -110,6 +110,7 @@ class Work:
   g1: float  # global FLOPs per token
   x_exp: int
   y_exp: int
+  kind: str = "activation"  # program.Dot.kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +185,7 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int) -> MeshModel:
                      0.0 if linear else d.flops_per_device,
                      d.flops_per_device / tokens if linear else 0.0,
                      d.flops_global / tokens if linear else 0.0,
-                     d.x_exp, d.y_exp))
+                     d.x_exp, d.y_exp, d.kind))
   hbm = tuple(Hbm(t.layer, t.phase, t.count, float(t.fixed),
                   t.linear / tokens) for t in program.traffic)
   counts: dict[str, int] = {}
@@ -276,6 +277,22 @@ def _hbm_times(model: MeshModel, tokens: float, hw: Hardware, phases
   return out
 
 
+def _model_flops(model: MeshModel, tokens: float, backward: bool) -> float:
+  """The work training needs, remat recompute left out: the forward, the
+  input gradients (the forward again for weight matmuls, twice for those of
+  two activations) and the weight gradients the step takes (for every
+  weight: the forward's weight matmuls again, i.e. 3 x forward; with LoRA
+  the adapters' alone)."""
+  fwd = sum(w.g1 * w.count for w in model.work if w.phase == "forward")
+  if not backward:
+    return fwd * tokens
+  weights = sum(w.g1 * w.count for w in model.work
+                if w.phase == "forward" and w.kind == "weight")
+  taken = sum(w.g1 * w.count for w in model.work
+              if w.phase == "backward" and w.kind == "weight_grad")
+  return (3 * fwd - weights + taken) * tokens
+
+
 def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
                   pass_: str = "step") -> StepEstimate:
   """Times of one step at `tokens` global tokens (microseconds to evaluate).
@@ -291,7 +308,7 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
   plan = model.plan
   hbm = _hbm_times(model, tokens, hw, phases)
   layers, tm, tc, te, th, bound = [], 0.0, 0.0, 0.0, 0.0, 0.0
-  fwd_global, all_global = 0.0, 0.0
+  all_global = 0.0
   times = _layer_times(model, tokens, hw, phases, plan.X, plan.Y)
   for layer in set(times) | set(hbm):
     m0, m1, c0, c1, ov, cr, g1 = times[layer] if layer in times else [0.0] * 7
@@ -309,10 +326,7 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
     th += n * hbm.get(layer, 0.0)
     bound += n * (t_math + cr + max(0.0, ov - t_math))
     all_global += g1 * tokens
-  for w in model.work:
-    if w.phase == "forward":
-      fwd_global += w.g1 * w.count * tokens
-  model_flops = fwd_global * (3 if "backward" in phases else 1)
+  model_flops = _model_flops(model, tokens, "backward" in phases)
   step = tm + th + te
   peak = plan.X * plan.Y * hw.flops_per_chip
   thr = max([l.threshold_tokens_global for l in layers if l.t_math > 0] or

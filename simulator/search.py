@@ -77,6 +77,9 @@ class SweepSpec:
   attention: str = "flash"
   precision: str = "mixed"
   meshes: tuple[tuple[int, int], ...] | None = None
+  grad_accum: int = 1
+  lora_rank: int = 0
+  lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
 
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""
@@ -99,7 +102,9 @@ class SweepSpec:
                optimizer: str) -> TrainSettings:
     return TrainSettings(batch=batch, seq=self.seq, remat=remat,
                          attention=self.attention, optimizer=optimizer,
-                         precision=self.precision, shard=shard)
+                         precision=self.precision, shard=shard,
+                         grad_accum=self.grad_accum, lora_rank=self.lora_rank,
+                         lora_targets=tuple(self.lora_targets))
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""
@@ -175,9 +180,11 @@ class Sweep:
   def cache_key(self, c: Config, kind: str) -> str:
     """Everything a config's record (or its compile) is a function of."""
     return self.cache.key(kind=kind, model=dataclasses.asdict(self.cfg),
-                          topology=self.topo.name, seq=self.spec.seq,
-                          attention=self.spec.attention,
-                          precision=self.spec.precision,
+                          topology=self.topo.name,
+                          spec={k: v for k, v in dataclasses.asdict(
+                              self.spec).items() if k not in (
+                                  "batches", "remats", "shards", "optimizers",
+                                  "meshes")},
                           config=dataclasses.asdict(c))
 
   def _estimator(self, c: Config):

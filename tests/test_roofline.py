@@ -106,3 +106,19 @@ def test_the_flash_kernel_keeps_its_blocks_off_hbm():
   """Materialized attention writes and reads its S x S scores in HBM; the
   flash kernel's blocks (models.scopes.KERNEL) move nothing there."""
   assert _tiny("materialized").t_hbm > _tiny("flash").t_hbm
+
+
+def test_lora_model_flops_leave_out_the_frozen_weight_gradients():
+  """Full training: 3 x the forward (what MFU has always counted); LoRA:
+  the frozen weights' gradients are not work the step does, so the same
+  step time is fewer model FLOPs."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  fits = {}
+  for rank in (0, 8):
+    s = TrainSettings(batch=8, seq=128, remat="none", lora_rank=rank)
+    m = R.fit_mesh(PRESETS["tiny"], s, plan)
+    fwd = sum(w.g1 * w.count for w in m.work if w.phase == "forward")
+    fits[rank] = (R._model_flops(m, 1.0, True), fwd)
+  assert fits[0][0] == pytest.approx(3 * fits[0][1])
+  assert fits[0][1] < fits[8][1]  # the adapters' own forward matmuls
+  assert 2 * fits[8][1] < fits[8][0] < 2.5 * fits[8][1]
