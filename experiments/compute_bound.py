@@ -90,7 +90,8 @@ def main(argv):
                  threshold_tokens_global=_rnd(e.threshold_tokens_global),
                  t_math_s=e.t_math, t_comm_s=e.t_comm,
                  exposed_comm_s=e.exposed_comm, step_time_s=e.step_time,
-                 mfu=e.mfu, hfu=e.hfu)
+                 t_hbm_s=e.t_hbm, mfu=e.mfu, roofline_mfu=e.roofline_mfu,
+                 hfu=e.hfu)
     meshes.append(row)
   out = dict(
       model=cfg.name, topology=topo.describe(), chips=topo.chips, **{"pass": pass_},
@@ -116,10 +117,11 @@ def main(argv):
   print(f"{cfg.name} on {topo.describe()}, pass={pass_}, C={hw.flops_per_chip:.3g}"
         f" FLOP/s, link={hw.link_bandwidth:.3g} B/s one-way (W_ici="
         f"{2 * hw.link_bandwidth:.3g} wrapped), ring={f.ring}, step/MFU at "
-        f"{tokens:.0f} tokens")
+        f"{tokens:.0f} tokens (MFU: predicted, with the fusions' HBM time "
+        f"T_hbm_s; MFU_bound: the roofline's, without it)")
   hdr = ("X", "Y", "M_X", "M_Y", "tok/dev", "tok_global", "T_math_s", "T_comm_s",
-         "exposed_s", "step_s", "MFU")
-  print(("{:>5} " * 4 + "{:>10} " * 7).format(*hdr))
+         "exposed_s", "step_s", "MFU", "MFU_bound", "T_hbm_s")
+  print(("{:>5} " * 4 + "{:>10} " * 9).format(*hdr))
   for m in meshes:
     if "error" in m:
       print(f"{m['X']:>5} {m['Y']:>5} {m['M_X']:>5} {m['M_Y']:>5} "
@@ -130,7 +132,8 @@ def main(argv):
           f"{fmt(m['threshold_tokens_per_device']):>10} "
           f"{fmt(m['threshold_tokens_global']):>10} {m['t_math_s']:>10.4g} "
           f"{m['t_comm_s']:>10.4g} {m['exposed_comm_s']:>10.4g} "
-          f"{m['step_time_s']:>10.4g} {m['mfu']:>10.3f}")
+          f"{m['step_time_s']:>10.4g} {m['mfu']:>10.3f} "
+          f"{m['roofline_mfu']:>10.3f} {m['t_hbm_s']:>10.4g}")
   oc, bi = out["optimum_continuous"], out["best_integer"]
   print(f"continuous optimum (M_X={oc['M_X']}, M_Y={oc['M_Y']} held): Y={oc['Y']:.2f}"
         f" -> {fmt(oc['tokens_global'])} tokens")
