@@ -160,8 +160,9 @@ SWEEP_METRICS = {
     # parallel coordinates drop a session missing a shown metric).
     "perf/compute_bound": ("compute_bound", 1, "1 if the step is "
                            "compute-bound at this batch"),
-    "memory/compiled_peak_gib": ("compiled_peak_bytes", 1 / GiB,
-                                 "compiler's peak GiB per device (top-k only)"),
+    # The compiled peak is not a metric: only the confirmed plans have one,
+    # and parallel coordinates drop a session missing a shown metric; it is
+    # in the ranked table and results.jsonl.
 }
 # TensorBoard shows a numeric hparam as "16.000": counts are written as text.
 _COUNT_HPARAMS = ("X", "Y", "batch")
