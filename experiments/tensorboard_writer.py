@@ -146,16 +146,16 @@ class MetricsWriter:
 SWEEP_HPARAMS = ("model", "topology", "mesh", "X", "Y", "batch", "remat",
                  "shard", "optimizer")
 # metric tag -> (record field, scale, description)
-SWEEP_METRICS = {
+SWEEP_METRICS = {  # TensorBoard's HParams shows the first five by default
     "memory/peak_gib": ("peak_bytes", 1 / GiB, "estimated peak GiB per device"),
     "memory/fits": ("fits", 1, "1 if the peak fits in HBM"),
-    "perf/step_time_s": ("step_time_s", 1, "estimated step time, seconds"),
-    "perf/mfu": ("mfu", 1, "predicted MFU: the step-time model's (matmuls, "
-                 "HBM-bound fusions, exposed collectives)"),
-    "perf/roofline_mfu": ("roofline_mfu", 1, "the roofline's MFU bound "
-                          "(matmuls and exposed collectives only)"),
     "perf/tokens_per_s": ("tokens_per_s", 1,
                           "estimated tokens per second (what ranks plans)"),
+    "perf/mfu": ("mfu", 1, "predicted MFU: the step-time model's (matmuls, "
+                 "HBM-bound fusions, exposed collectives)"),
+    "perf/step_time_s": ("step_time_s", 1, "estimated step time, seconds"),
+    "perf/roofline_mfu": ("roofline_mfu", 1, "the roofline's MFU bound "
+                          "(matmuls and exposed collectives only)"),
     # Every session has it (a never-compute-bound plan has no threshold, and
     # parallel coordinates drop a session missing a shown metric).
     "perf/compute_bound": ("compute_bound", 1, "1 if the step is "

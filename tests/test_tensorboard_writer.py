@@ -85,3 +85,11 @@ def test_the_ranked_table_is_shown_in_aligned_columns():
   text = tw.aligned("| rank | mesh |\n|---|---|\n| 1 | 64x1 |\n[1] a reason")
   assert text.splitlines() == ["rank  mesh", "----  ----", "1     64x1",
                                "[1] a reason"]
+
+
+def test_what_ranks_plans_is_among_the_five_metrics_shown_by_default():
+  """TensorBoard's HParams shows the first five metrics; hparams that
+  differ across sessions come first there, so a swept shard shows."""
+  from experiments import tensorboard_writer as tw
+  assert "perf/tokens_per_s" in list(tw.SWEEP_METRICS)[:5]
+  assert "perf/mfu" in list(tw.SWEEP_METRICS)[:5]
