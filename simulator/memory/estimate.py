@@ -315,6 +315,26 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
       traced_batch=traced_batch, tensors=tensors, points=points)
 
 
+def largest_batch(estimate: MemoryEstimate, cap_bytes: int, step: int,
+                  limit: int = 1 << 40) -> int:
+  """The largest global batch, a multiple of `step`, whose compiler-
+  comparable peak is at most `cap_bytes` (0: not even `step` fits). Exact:
+  every program point's live bytes are affine in the batch, so the peak is
+  their maximum, nondecreasing in the batch; a bisection over `at_batch`
+  (a few hundred microseconds each), no compile."""
+  fits = lambda n: estimate.at_batch(n * step).compiled_comparable_peak <= (
+      cap_bytes)
+  if not fits(1):
+    return 0
+  lo, hi = 1, 2
+  while fits(hi) and hi * step < limit:
+    lo, hi = hi, hi * 2
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+  return lo * step
+
+
 def memory_report(cfg: ModelConfig, settings: TrainSettings,
                   plan: MeshPlan) -> MemoryEstimate:
   """Trace the step under `plan`'s abstract mesh and estimate its memory."""
