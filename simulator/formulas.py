@@ -105,24 +105,61 @@ class HostDeviceBytes(NamedTuple):
 
 def deepspeed_zero2_model_states_mem_needs(
     total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
-    cpu_offload: bool = True,
-    additional_buffer_factor: float = 1.5) -> HostDeviceBytes:
+    cpu_offload: bool = True, additional_buffer_factor: float = 1.5,
+    current: bool = False) -> HostDeviceBytes:
   """DeepSpeed's `estimate_zero2_model_states_mem_needs` (seed 003).
 
-  GPU: 2Ψ with the optimizer offloaded, else 4Ψ + 16Ψ/total_gpus (fp16
-  params and grads replicated, fp32 params, grads, m, v sharded). CPU: Ψ ·
-  max(4·total_gpus, 16) · buffer offloaded, else 4Ψ · gpus_per_node · buffer.
-  Follows DeepSpeed's code, which writes total_gpus in the max(); seed 003's
-  prose writes the per-node count (equal on one node). Truncates like int().
+  GPU: 2Ψ with the optimizer offloaded, else 4Ψ + 16Ψ/total_gpus as seed
+  003 prints it (fp16 params and grads replicated, fp32 params, grads... m, v
+  sharded), or with `current` 2Ψ + 18Ψ/total_gpus as DeepSpeed's code reads
+  today (deepspeed/runtime/zero/stage_1_and_2.py at 02aa38c: 2 = params_16bit,
+  18 = 2 grads_16bit + 4 grads_32bit + 4 params_32bit + 8 optimizer states,
+  all sharded but the 16-bit params). CPU: Ψ · max(4·total_gpus, 16) ·
+  buffer offloaded, else 4Ψ · gpus_per_node · buffer. Truncates like int().
   """
   total_gpus = num_nodes * num_gpus_per_node
   if cpu_offload:
     gpu = 2 * total_params
     cpu = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+  elif current:
+    gpu = 2 * total_params + int(18 * total_params / total_gpus)
+    cpu = total_params * 4 * num_gpus_per_node * additional_buffer_factor
   else:
     gpu = 4 * total_params + int(16 * total_params / total_gpus)
     cpu = total_params * 4 * num_gpus_per_node * additional_buffer_factor
   return HostDeviceBytes(cpu=int(cpu), gpu=int(gpu))
+
+
+def deepspeed_table(stage: int, total_params: int, largest_layer_params: int,
+                    num_gpus_per_node: int, num_nodes: int,
+                    current: bool = True) -> str:
+  """DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs_all_cold` print
+  (its "GB" is 2^30 bytes), line for line."""
+  nodes = "nodes" if num_nodes > 1 else "node"
+  gpus = "GPUs" if num_gpus_per_node > 1 else "GPU"
+  sw = f"SW: Model with {int(total_params / 1e6)}M total params"
+  if stage == 3:
+    sw += f", {int(largest_layer_params / 1e6)}M largest layer params"
+  lines = ["Estimated memory needed for params, optim states and gradients "
+           "for a:", f"HW: Setup with {num_nodes} {nodes}, "
+           f"{num_gpus_per_node} {gpus} per node.", sw + ".",
+           "  per CPU  |  per GPU |   Options"]
+  row = lambda e, options: (f" {e.cpu / 2**30:7.2f}GB | {e.gpu / 2**30:6.2f}GB"
+                            f" | {options}")
+  dev = lambda on: "cpu " if on else "none"
+  if stage == 2:
+    for offload in (True, False):
+      lines.append(row(deepspeed_zero2_model_states_mem_needs(
+          total_params, num_gpus_per_node, num_nodes, offload,
+          current=current), f"offload_optimizer={dev(offload)}"))
+    return "\n".join(lines)
+  for opt, par in ((True, True), (True, False), (False, False)):
+    for zero_init in (True, False):
+      lines.append(row(deepspeed_zero3_model_states_mem_needs(
+          total_params, largest_layer_params, num_gpus_per_node, num_nodes,
+          opt, par, zero_init), f"offload_param={dev(par)}, "
+          f"offload_optimizer={dev(opt)}, zero_init={int(zero_init)}"))
+  return "\n".join(lines)
 
 
 def deepspeed_zero3_model_states_mem_needs(

@@ -61,3 +61,22 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
       "params": groups,
       "per_device_param_bytes": sum(g["per_device_bytes"] for g in groups),
   }
+
+
+def largest_module_params(cfg: ModelConfig) -> int:
+  """The most parameters one module holds directly, as DeepSpeed's ZeRO-3
+  estimator finds its "largest layer": a module's own leaves (a Dense's
+  kernel and bias), one layer's share of the scanned stack (its leading
+  `layers` dim divided out); the embedding table is a module of its own."""
+  from models.transformer import Decoder
+  leaves, names = abstract_params(Decoder(cfg))
+  flat = jax.tree_util.tree_flatten_with_path(leaves)[0]
+  flat_names = jax.tree.leaves(names, is_leaf=lambda x: isinstance(x, tuple))
+  by_module: dict[tuple, int] = collections.Counter()
+  for (path, leaf), logical in zip(flat, flat_names):
+    n = math.prod(leaf.shape)
+    if logical and logical[0] == "layers":
+      n //= leaf.shape[0]
+    by_module[tuple(getattr(k, "key", k) for k in path[:-1]) or
+              (path[-1].key,)] += n
+  return max(by_module.values())

@@ -1,0 +1,56 @@
+"""DeepSpeed's estimator tables (seed 003) and experiments.deepspeed_estimate."""
+
+import os
+import subprocess
+import sys
+
+from models.registry import load_model
+from simulator import formulas
+from simulator.inventory import largest_module_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Seed 003's cold tables, as DeepSpeed printed them.
+ZERO2 = """\
+  127.45GB |   5.31GB | offload_optimizer=cpu 
+  127.45GB |  15.93GB | offload_optimizer=none"""
+ZERO3 = """\
+   71.69GB |   0.12GB | offload_param=cpu , offload_optimizer=cpu , zero_init=1
+  127.45GB |   0.12GB | offload_param=cpu , offload_optimizer=cpu , zero_init=0
+   63.72GB |   0.78GB | offload_param=none, offload_optimizer=cpu , zero_init=1
+  127.45GB |   0.78GB | offload_param=none, offload_optimizer=cpu , zero_init=0
+    1.43GB |   6.09GB | offload_param=none, offload_optimizer=none, zero_init=1
+  127.45GB |   6.09GB | offload_param=none, offload_optimizer=none, zero_init=0"""
+
+
+def _rows(table: str) -> str:
+  return "\n".join(table.splitlines()[4:])
+
+
+def test_seed_003s_cold_tables_line_for_line():
+  two = formulas.deepspeed_table(2, 2851 * 10**6, 0, 8, 1, current=False)
+  three = formulas.deepspeed_table(3, 2851 * 10**6, 32 * 10**6, 8, 1)
+  assert _rows(two) == ZERO2 and _rows(three) == ZERO3
+  assert three.splitlines()[2] == ("SW: Model with 2851M total params, 32M "
+                                   "largest layer params.")
+
+
+def test_deepspeeds_current_zero2_formula():
+  """2Ψ + 18Ψ/N (stage_1_and_2.py today) where the seed shows 4Ψ + 16Ψ/N."""
+  now = formulas.deepspeed_table(2, 2851 * 10**6, 0, 8, 1, current=True)
+  assert now.splitlines()[-1] == "  127.45GB |  11.28GB | offload_optimizer=none"
+
+
+def test_the_largest_layer_is_the_largest_module():
+  """llama2_7b: the untied output and embedding tables, 32000 x 4096."""
+  assert largest_module_params(load_model("llama2_7b")) == 32000 * 4096
+
+
+def test_bad_input():
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  p = subprocess.run([sys.executable, "-m", "experiments.deepspeed_estimate",
+                      "--stage=3", "--total_params=2851e6"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=60)
+  assert p.returncode == 2 and p.stderr.strip() == (
+      "error: --stage=3 needs --largest_layer_params with --total_params "
+      "(or give --model)")
