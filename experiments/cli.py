@@ -38,6 +38,15 @@ def define_model_flags() -> None:
                       "it cannot express")
 
 
+def define_config_flag() -> None:
+  flags.DEFINE_string("config", None, "a DeepSpeed JSON, Hugging Face "
+                      "TrainingArguments JSON (PEFT's lora_r, target_modules "
+                      "too) or LLaMA-Factory YAML: sets the run flags it "
+                      "says (flags given explicitly win), prints the mapping "
+                      "and the keys it ignores; devices: --mesh's X, else "
+                      "every chip")
+
+
 def define_train_flags() -> None:
   d = S.TrainSettings()
   flags.DEFINE_integer("batch", d.batch, "global batch in sequences")
@@ -54,6 +63,7 @@ def define_train_flags() -> None:
                     " zero3 +params (FSDP)")
   flags.DEFINE_integer("loss_chunks", d.loss_chunks,
                        "compute logits and loss in this many sequence chunks")
+  define_config_flag()
   flags.DEFINE_integer("grad_accum", d.grad_accum, "run the step as this "
                        "many micro-batches of batch/grad_accum sequences, "
                        "summing their gradients (DeepSpeed's gradient "
@@ -97,7 +107,32 @@ def _repeated(argv: list[str]) -> str | None:
 
 
 # A flag --maxtext sets, by the name an experiment may give it instead.
-_PLURAL = {"batch": "batches", "remat": "remats", "optimizer": "optimizers"}
+_PLURAL = {"batch": "batches", "remat": "remats", "optimizer": "optimizers",
+           "shard": "shards"}
+
+
+def _set(values: dict, mapping, ignored, source: str, explicit_wins: bool
+         ) -> None:
+  """Set the flags `values` names (by an experiment's own name for them);
+  print the mapping and what was ignored to stderr."""
+  f = flags.FLAGS
+  lines = [f"{source}: {m}" for m in mapping]
+  for name, value in values.items():
+    flag = name if name in f else _PLURAL.get(name)
+    if flag not in f:
+      continue
+    if f[flag].present:
+      if explicit_wins:
+        lines.append(f"{source}: --{flag}={f[flag].value} given explicitly "
+                     f"wins over {value}")
+        continue
+      raise ValueError(f"--{flag}={f[flag].value} and --{source} (which sets "
+                       f"--{flag}={value}) are both given; give one")
+    f[flag].parse(value)
+  if ignored:
+    lines.append(f"{source}: not expressed here (ignored): "
+                 + ", ".join(ignored))
+  print("\n".join(lines), file=sys.stderr)
 
 
 def _apply_maxtext() -> None:
@@ -115,19 +150,20 @@ def _apply_maxtext() -> None:
       raise ValueError(f"--maxtext={text}: {e.strerror or e}; give "
                        f"@FILE of key=value overrides") from None
   run = maxtext_run(text, parse_topology(f.topology).chips)
-  for name, value in run.flags.items():
-    flag = name if name in f else _PLURAL.get(name)
-    if flag not in f:
-      continue
-    if f[flag].present:
-      raise ValueError(f"--{flag}={f[flag].value} and --maxtext (which sets "
-                       f"--{flag}={value}) are both given; give one")
-    f[flag].parse(value)
-  lines = [f"maxtext: {m}" for m in run.mapping]
-  if run.unexpressed:
-    lines.append("maxtext: not expressed here (ignored): "
-                 + ", ".join(run.unexpressed))
-  print("\n".join(lines), file=sys.stderr)
+  _set(run.flags, run.mapping, run.unexpressed, "maxtext", False)
+
+
+def _apply_config() -> None:
+  """Set the run flags a --config file says; explicit flags win."""
+  from meshes.layout import parse_mesh
+  from meshes.topology import parse_topology
+  from simulator.config_files import read_config
+  f = flags.FLAGS
+  mesh = f.mesh if "mesh" in f else None
+  devices = parse_mesh(mesh)[0] if mesh else parse_topology(f.topology).chips
+  run = read_config(f.config, devices)
+  print(f"config: {f.config} read as a {run.kind}", file=sys.stderr)
+  _set(run.flags, run.mapping, run.ignored, "config", True)
 
 
 def _parse(argv: list[str]) -> list[str]:
@@ -138,11 +174,13 @@ def _parse(argv: list[str]) -> list[str]:
     rest = flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e).splitlines()[0])
-  if "maxtext" in flags.FLAGS and flags.FLAGS.maxtext:
-    try:
+  try:
+    if "maxtext" in flags.FLAGS and flags.FLAGS.maxtext:
       _apply_maxtext()
-    except (ValueError, OSError) as e:
-      fail(str(e).splitlines()[0])
+    if "config" in flags.FLAGS and flags.FLAGS.config:
+      _apply_config()
+  except (ValueError, OSError) as e:
+    fail(str(e).splitlines()[0])
   return rest
 
 

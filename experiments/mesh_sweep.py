@@ -62,6 +62,7 @@ def define_flags() -> None:
   flags.DEFINE_list("optimizers", ["adamw"], f"optimizers: {', '.join(S.OPTIMIZERS)}")
   flags.DEFINE_enum("attention", "flash", list(S.ATTENTIONS), "attention kernel")
   flags.DEFINE_enum("precision", "mixed", list(S.PRECISIONS), "precision")
+  cli.define_config_flag()
   flags.DEFINE_integer("grad_accum", 1, "micro-batches per step (each batch "
                        "is split into this many)")
   flags.DEFINE_integer("lora_rank", 0, "LoRA adapters of this rank trained, "

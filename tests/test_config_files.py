@@ -1,0 +1,94 @@
+"""simulator.config_files and --config: training configs as input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from simulator.config_files import read_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write(tmp_path, name, text):
+  path = tmp_path / name
+  path.write_text(text)
+  return str(path)
+
+
+def test_a_deepspeed_json(tmp_path):
+  path = _write(tmp_path, "ds.json", json.dumps({
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+      "train_batch_size": 64, "bf16": {"enabled": True},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+      "gradient_clipping": 1.0}))
+  run = read_config(path, devices=8)
+  assert run.kind == "DeepSpeed JSON"
+  assert run.flags == {"batch": "64", "grad_accum": "4", "shard": "zero2",
+                       "precision": "bf16_master", "optimizer": "adamw"}
+  assert "gradient_clipping=1.0" in run.ignored
+  assert any(i.startswith("zero_optimization.offload_optimizer") for i in
+             run.ignored)
+  with pytest.raises(ValueError, match="train_batch_size=64 is not"):
+    read_config(path, devices=4)
+
+
+def test_hugging_face_training_arguments_with_peft(tmp_path):
+  path = _write(tmp_path, "hf.json", json.dumps({
+      "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+      "bf16": True, "gradient_checkpointing": False, "optim": "adafactor",
+      "lora_r": 8, "target_modules": ["q_proj", "k_proj", "v_proj",
+                                      "o_proj"], "output_dir": "x"}))
+  run = read_config(path, devices=4)
+  assert run.flags == {"batch": "32", "grad_accum": "2", "precision": "mixed",
+                       "remat": "none", "optimizer": "adafactor",
+                       "lora_rank": "8", "lora_targets": "q,k,v,o"}
+  assert run.ignored == ("output_dir=x",)
+
+
+def test_a_llama_factory_yaml(tmp_path):
+  path = _write(tmp_path, "lf.yaml", "finetuning_type: lora\nlora_rank: 16\n"
+                "lora_target: q_proj,v_proj\nper_device_train_batch_size: 1\n"
+                "gradient_accumulation_steps: 8\ncutoff_len: 2048\nbf16: true\n"
+                "flash_attn: disabled\nquantization_bit: 4\n")
+  run = read_config(path, devices=2)
+  assert run.flags == {"batch": "16", "grad_accum": "8", "precision": "mixed",
+                       "seq": "2048", "attention": "materialized",
+                       "lora_rank": "16", "lora_targets": "q,v"}
+  assert run.ignored == ("quantization_bit=4",)
+
+
+@pytest.mark.parametrize("name,text,match", [
+    ("x.json", "{not json", "not valid JSON"),
+    ("x.json", "[1, 2]", "a list, not a mapping"),
+    ("x.json", '{"learning_rate": 1}', "not a DeepSpeed JSON"),
+    ("x.json", '{"per_device_train_batch_size": true}', "must be a positive"),
+    ("x.yaml", "finetuning_type: lora\nlora_target: wq\n", "'wq' is not one"),
+])
+def test_bad_files(tmp_path, name, text, match):
+  with pytest.raises(ValueError, match=match):
+    read_config(_write(tmp_path, name, text), devices=4)
+
+
+def test_the_flag_maps_and_explicit_flags_win(tmp_path):
+  path = _write(tmp_path, "ds.json", json.dumps({
+      "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+      "zero_optimization": {"stage": 1}}))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  run = lambda *a: subprocess.run(
+      [sys.executable, "-m", "experiments.memory_report", "--model=tiny",
+       "--topology=v5p-8", "--mesh=2x2", "--seq=64", f"--config={path}", *a],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  out = run("--grad_accum=1")
+  assert out.returncode == 0, out.stderr
+  assert "config: --grad_accum=1 given explicitly wins over 2" in out.stderr
+  assert "tiny: batch 4 x seq 64" in out.stdout  # 1 x 2 x X=2
+  assert "X shards zero1" in out.stdout and "micro-batches" not in out.stdout
+  bad = subprocess.run(
+      [sys.executable, "-m", "experiments.memory_report", "--model=tiny",
+       "--topology=v5p-8", "--config=/no/such.json"], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2 and bad.stderr.strip() == (
+      "error: --config=/no/such.json: No such file or directory")
