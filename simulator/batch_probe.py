@@ -32,6 +32,17 @@ def carries_batch(shape) -> bool:
   return any(d and d % PROBE == 0 for d in shape)
 
 
+def matmul_kind(lhs, rhs, out) -> str:
+  """What a matmul is, by which of its shapes (global or per device) carry
+  the batch: "weight_grad" (it contracts the batch away: a batch-free result
+  of batch-carrying operands), "activation" (both operands carry it:
+  attention scores), "weight" (x·W), "static" (no shape carries it)."""
+  if carries_batch(out):
+    return ("activation" if carries_batch(lhs) and carries_batch(rhs)
+            else "weight")
+  return "weight_grad" if carries_batch(lhs) or carries_batch(rhs) else "static"
+
+
 def rescale(shape, batch: int, probe_batch: int) -> tuple[int, ...]:
   """A probe-batch shape at global `batch` (its batch dim scaled)."""
   return tuple(d * batch // probe_batch if d and d % PROBE == 0 else d

@@ -33,6 +33,7 @@ from jax.extend import core as jcore
 
 from models import scopes
 from models.scopes import scopes_of
+from simulator.batch_probe import matmul_kind
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
           "reduce_precision", "squeeze", "expand_dims", "reshape", "neg",
@@ -87,8 +88,7 @@ class Dot:
   x_exp: int  # per-device FLOPs ∝ X^-x_exp · Y^-y_exp at fixed global batch
   y_exp: int
   dims: tuple[int, ...]  # output then contracting dims: FLOPs = 2·their product
-  kind: str = "activation"  # "weight": x·W; "weight_grad": a batch-free
-  # result (contracts the batch); "activation": both operands carry it
+  kind: str = "activation"  # simulator.batch_probe.matmul_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,7 +450,7 @@ class _Walker:
     self.dots.append(Dot(flops_glob, flops_dev, ctx["mult"], source,
                          ctx["layer"], ctx["phase"], int("X" in split),
                          int("Y" in split),
-                         (*osh, *(ls[i] for i in lc)), _dot_kind(ls, rs, osh)))
+                         (*osh, *(ls[i] for i in lc)), matmul_kind(ls, rs, osh)))
     for side, var, shape, spec, d in (("l", lhs, ls, Ls, in_data[0]),
                                       ("r", rhs, rs, Rs, in_data[1])):
       cur = [list(x) for x in spec]
@@ -521,14 +521,6 @@ class _Walker:
     for a in axes:
       self._emit(ctx, kinds[name], a, aval.shape, ((),) * len(aval.shape),
                  aval.dtype, source, data, critical, nbytes=nbytes)
-
-
-def _dot_kind(lhs: tuple, rhs: tuple, out: tuple) -> str:
-  """What a matmul is, by which of its shapes carry the batch."""
-  from simulator.batch_probe import carries_batch
-  if not carries_batch(out):
-    return "weight_grad"
-  return "activation" if carries_batch(lhs) and carries_batch(rhs) else "weight"
 
 
 # Not fusions' HBM traffic: matmuls (timed by FLOPs) and collectives.

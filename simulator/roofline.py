@@ -310,7 +310,7 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
   layers, tm, tc, te, th, bound = [], 0.0, 0.0, 0.0, 0.0, 0.0
   all_global = 0.0
   times = _layer_times(model, tokens, hw, phases, plan.X, plan.Y)
-  for layer in set(times) | set(hbm):
+  for layer in [*times, *(l for l in hbm if l not in times)]:  # in order
     m0, m1, c0, c1, ov, cr, g1 = times[layer] if layer in times else [0.0] * 7
     n = model.layer_count[layer]
     t_math = m0 + m1 * tokens

@@ -137,7 +137,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       else:
         yield c
 
-  chained = xla_rules.matmul_fusion_chain(eqns, readers, outs, local)
+  chained = xla_rules.matmul_fusion_chain(eqns, readers, outs)
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
   size: dict = {}

@@ -77,7 +77,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from models import scopes
-from simulator.batch_probe import carries_batch
+from simulator.batch_probe import carries_batch, matmul_kind
 from simulator.memory.tiling import TILE_MINOR
 from simulator.program import subjaxprs
 from simulator.step import device_shape
@@ -128,10 +128,16 @@ def absorbs(eqn) -> bool:
   return loop_fusible(eqn) or is_view(eqn) or eqn.primitive.name in _REDUCE_OPS
 
 
-def activation_matmul(eqn, local: bool) -> bool:
+def _matmul_kind(eqn) -> str | None:
+  """simulator.batch_probe.matmul_kind of a dot_general (None otherwise)."""
+  if eqn.primitive.name != "dot_general":
+    return None
+  return matmul_kind(*(v.aval.shape for v in (*eqn.invars, eqn.outvars[0])))
+
+
+def activation_matmul(eqn) -> bool:
   """A matmul whose result carries the batch (not a weight gradient)."""
-  return eqn.primitive.name == "dot_general" and carries_batch(
-      shape_of(eqn.outvars[0].aval, local))
+  return _matmul_kind(eqn) in ("weight", "activation")
 
 
 def fused_away(eqn, v, readers: list, through_views: list, local: bool,
@@ -172,7 +178,7 @@ def widening(eqn) -> bool:
           and _itemsize(eqn.outvars[0]) > _itemsize(eqn.invars[0]))
 
 
-def matmul_fusion_chain(eqns, readers, outs: set, local: bool) -> set:
+def matmul_fusion_chain(eqns, readers, outs: set) -> set:
   """The values made inside activation matmuls' output fusions: each
   matmul's result, and what the elementwise ops reading it make while each
   value has one reader (`readers(v)`: v's readers through views) and is not
@@ -180,7 +186,7 @@ def matmul_fusion_chain(eqns, readers, outs: set, local: bool) -> set:
   output."""
   chained: set = set()
   for eqn in eqns:
-    if activation_matmul(eqn, local) or (
+    if activation_matmul(eqn) or (
         (elementwise(eqn) and not widening(eqn) or is_view(eqn))
         and any(isinstance(u, jcore.Var) and u in chained and u not in outs
                 and len({id(c) for c in readers(u)}) == 1
@@ -297,15 +303,6 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   return stacks, hoisted
 
 
-def _is_weight_grad(eqn) -> bool:
-  """A matmul contracting the batch away: batch-carrying operands, a
-  batch-free result (a weight gradient)."""
-  return (eqn.primitive.name == "dot_general"
-          and not any(carries_batch(device_shape(v.aval)) for v in eqn.outvars)
-          and any(isinstance(v, jcore.Var) and carries_batch(device_shape(v.aval))
-                  for v in eqn.invars))
-
-
 def defer_weight_grads(jaxpr):
   """`jaxpr` with every weight-gradient matmul, and what is made from it
   alone, moved as late as its readers allow (the deferred-weight-gradients
@@ -315,7 +312,7 @@ def defer_weight_grads(jaxpr):
   made: set = set()
   for i, e in enumerate(eqns):
     reads = [v for v in e.invars if isinstance(v, jcore.Var)]
-    if _is_weight_grad(e) or (reads and any(v in made for v in reads) and (
+    if _matmul_kind(e) == "weight_grad" or (reads and any(v in made for v in reads) and (
         len(reads) == 1 or all(v in made for v in reads))
         and not any(True for _ in subjaxprs(e))):  # a call reads on
       deferred.add(i)
