@@ -38,15 +38,6 @@ def define_model_flags() -> None:
                       "it cannot express")
 
 
-def define_config_flag() -> None:
-  flags.DEFINE_string("config", None, "a DeepSpeed JSON, Hugging Face "
-                      "TrainingArguments JSON (PEFT's lora_r, target_modules "
-                      "too) or LLaMA-Factory YAML: sets the run flags it "
-                      "says (flags given explicitly win), prints the mapping "
-                      "and the keys it ignores; devices: --mesh's X, else "
-                      "every chip")
-
-
 def define_train_flags() -> None:
   d = S.TrainSettings()
   flags.DEFINE_integer("batch", d.batch, "global batch in sequences")
@@ -63,7 +54,18 @@ def define_train_flags() -> None:
                     " zero3 +params (FSDP)")
   flags.DEFINE_integer("loss_chunks", d.loss_chunks,
                        "compute logits and loss in this many sequence chunks")
-  define_config_flag()
+  define_finetune_flags()
+
+
+def define_finetune_flags() -> None:
+  """--config, --grad_accum, --lora_rank, --lora_targets (the sweep's too)."""
+  d = S.TrainSettings()
+  flags.DEFINE_string("config", None, "a DeepSpeed JSON, Hugging Face "
+                      "TrainingArguments JSON (PEFT's lora_r, target_modules "
+                      "too) or LLaMA-Factory YAML: sets the run flags it "
+                      "says (flags given explicitly win), prints the mapping "
+                      "and the keys it ignores; devices: --mesh's X, else "
+                      "every chip")
   flags.DEFINE_integer("grad_accum", d.grad_accum, "run the step as this "
                        "many micro-batches of batch/grad_accum sequences, "
                        "summing their gradients (DeepSpeed's gradient "
@@ -106,7 +108,8 @@ def _repeated(argv: list[str]) -> str | None:
   return None
 
 
-# A flag --maxtext sets, by the name an experiment may give it instead.
+# A flag --maxtext or --config sets, by the name an experiment (the sweep)
+# may give it instead.
 _PLURAL = {"batch": "batches", "remat": "remats", "optimizer": "optimizers",
            "shard": "shards"}
 

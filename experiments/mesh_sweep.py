@@ -62,13 +62,7 @@ def define_flags() -> None:
   flags.DEFINE_list("optimizers", ["adamw"], f"optimizers: {', '.join(S.OPTIMIZERS)}")
   flags.DEFINE_enum("attention", "flash", list(S.ATTENTIONS), "attention kernel")
   flags.DEFINE_enum("precision", "mixed", list(S.PRECISIONS), "precision")
-  cli.define_config_flag()
-  flags.DEFINE_integer("grad_accum", 1, "micro-batches per step (each batch "
-                       "is split into this many)")
-  flags.DEFINE_integer("lora_rank", 0, "LoRA adapters of this rank trained, "
-                       "the base frozen; 0: full fine-tuning")
-  flags.DEFINE_list("lora_targets", ["q", "k", "v", "o"],
-                    f"projections with an adapter: {', '.join(S.LORA_TARGETS)}")
+  cli.define_finetune_flags()
   flags.DEFINE_integer("top_k", 3, "confirm this many best plans by compiling; 0: none")
   flags.DEFINE_bool("resume", False, "continue the latest LOGDIR/RUN* folder")
   flags.DEFINE_bool("progress", True, "progress bars on stderr")

@@ -56,17 +56,21 @@ def model_by_name(name: str) -> ModelConfig | None:
   return scaled_model(m.group(1), int(m.group(2))) if m else None
 
 
-# MaxText keys that set nothing this simulator models (bookkeeping, data).
-_IGNORED = {"run_name", "base_output_directory", "dataset_path", "steps",
-            "dataset_type", "enable_checkpointing", "reuse_example_batch",
-            "async_checkpointing", "log_period", "enable_profiler",
-            "skip_first_n_steps_for_profiler", "profiler_steps", "metrics_file",
-            "gcs_metrics", "tokenizer_path", "per_device_batch_size",
-            "max_target_length", "remat_policy", "ici_fsdp_parallelism",
-            "ici_tensor_parallelism", "attention", "global_parameter_scale",
-            "model_name", "decoder_block", "dtype", "weight_dtype", "opt_type",
-            "ici_data_parallelism", "dcn_data_parallelism", "dcn_fsdp_parallelism",
-            "dcn_tensor_parallelism", "enable_flash_attention"}
+# MaxText keys that change nothing this simulator models (bookkeeping, data).
+_BOOKKEEPING = {"run_name", "base_output_directory", "dataset_path", "steps",
+                "dataset_type", "enable_checkpointing", "reuse_example_batch",
+                "async_checkpointing", "log_period", "enable_profiler",
+                "skip_first_n_steps_for_profiler", "profiler_steps",
+                "metrics_file", "gcs_metrics", "tokenizer_path"}
+# Keys maxtext_run reads (the parallelism ones other than fsdp and tensor are
+# named as unexpressed unless they are 1).
+_READ = {"per_device_batch_size", "max_target_length", "remat_policy",
+         "ici_fsdp_parallelism", "ici_tensor_parallelism", "attention",
+         "global_parameter_scale", "model_name", "decoder_block", "dtype",
+         "weight_dtype", "opt_type", "ici_data_parallelism",
+         "dcn_data_parallelism", "dcn_fsdp_parallelism",
+         "dcn_tensor_parallelism", "enable_flash_attention",
+         "mlp_activations", "logits_via_embedding"}
 # Dim overrides MaxText applies before scaling.
 _DIMS = {"base_emb_dim": "d_model", "base_num_query_heads": "n_heads",
          "base_num_kv_heads": "n_kv_heads", "base_mlp_dim": "d_ff",
@@ -184,11 +188,10 @@ def maxtext_run(text: str, chips: int) -> MaxTextRun:
   unexpressed = []
   for key in ("ici_data_parallelism", "dcn_data_parallelism",
               "dcn_fsdp_parallelism", "dcn_tensor_parallelism"):
-    if key in o and _int(o, key, 1) not in (1, -1 if key.startswith("dcn_data")
-                                            else 1):
+    allowed = (1, -1) if key == "dcn_data_parallelism" else (1,)  # -1: rest
+    if key in o and _int(o, key, 1) not in allowed:
       unexpressed.append(f"{key}={o[key]}")
   for key, value in o.items():
-    if key not in _IGNORED and key not in _DIMS and key not in (
-        "mlp_activations", "logits_via_embedding"):
+    if key not in _BOOKKEEPING and key not in _READ and key not in _DIMS:
       unexpressed.append(f"{key}={value}")
   return MaxTextRun(flags, tuple(mapping), tuple(unexpressed))

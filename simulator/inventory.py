@@ -13,7 +13,8 @@ from models.config import ModelConfig
 from models.params import abstract_params
 from simulator.settings import TrainSettings
 from simulator.step import (device_bytes, device_shape, kv_heads_replicated,
-                            lay_out_params, make_model, pad_vocab, step_rules)
+                            lay_out_params, make_model, pad_vocab, step_rules,
+                            trainable_paths)
 
 
 def describe_params(cfg: ModelConfig, plan: MeshPlan,
@@ -43,12 +44,12 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
   topo = plan.topology
   num_params = sum(math.prod(g["shape"]) for g in groups) - padding * (
       cfg.d_model * (1 if cfg.tie_embeddings else 2))
-  adapters = sum(math.prod(g["shape"]) for g in groups
-                 if "/lora_" in "/" + g["path"])
+  trainable = trainable_paths(leaves, settings)
   return {
       "model": cfg.name,
       "num_params": num_params,
-      "trainable_params": adapters if settings.lora_rank else num_params,
+      "trainable_params": num_params if not settings.lora_rank else sum(
+          math.prod(leaf.shape) for path, leaf in flat if path in trainable),
       "vocab_padding": padding,
       "kv_heads_replicated": kv_heads_replicated(cfg, plan.Y),
       "topology": {"name": topo.name, "chips": topo.chips,

@@ -200,7 +200,7 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                      micro_shape, spec, mesh)
 
   leaves, names = abstract_params(model)
-  trainable = _trainable(leaves, settings)
+  trainable = trainable_paths(leaves, settings)
   train_leaves = _subtree(leaves, trainable)
   train_names = _subtree(names, trainable,
                          is_leaf=lambda x: isinstance(x, tuple))
@@ -275,7 +275,7 @@ def _micro_batches(accum: int) -> Callable[[jax.Array], jax.Array]:
   return split
 
 
-def _trainable(params: Tree, settings: TrainSettings) -> set:
+def trainable_paths(params: Tree, settings: TrainSettings) -> set:
   """The paths of the parameters the step trains: every one, or with
   `lora_rank` the adapters alone (the base is frozen: no gradient, no
   optimizer state)."""
