@@ -58,7 +58,8 @@ def define_train_flags() -> None:
 
 
 def define_finetune_flags() -> None:
-  """--config, --grad_accum, --lora_rank, --lora_targets (the sweep's too)."""
+  """--config, --grad_accum, --offload and the adapter flags (the sweep's
+  too)."""
   d = S.TrainSettings()
   flags.DEFINE_string("config", None, "a DeepSpeed JSON, Hugging Face "
                       "TrainingArguments JSON (PEFT's lora_r, target_modules "
@@ -70,11 +71,26 @@ def define_finetune_flags() -> None:
                        "many micro-batches of batch/grad_accum sequences, "
                        "summing their gradients (DeepSpeed's gradient "
                        "accumulation steps)")
+  flags.DEFINE_list("offload", list(d.offload), "state kept in pinned host "
+                    f"memory between steps: {', '.join(S.OFFLOADS)} "
+                    "(optimizer: moments and master copy, moved to the device"
+                    " for the update; params: fetched per layer)")
+  define_adapter_flags()
+
+
+def define_adapter_flags() -> None:
+  """--lora_rank, --lora_targets, --base_quant: what the parameters are."""
+  d = S.TrainSettings()
   flags.DEFINE_integer("lora_rank", d.lora_rank, "LoRA: train rank-r adapters"
                        " on --lora_targets, the base frozen (no gradient, no "
                        "optimizer state); 0: full fine-tuning")
   flags.DEFINE_list("lora_targets", list(d.lora_targets),
                     f"projections that get an adapter: {', '.join(S.LORA_TARGETS)}")
+  flags.DEFINE_enum("base_quant", d.base_quant, list(S.BASE_QUANTS),
+                    "QLoRA: store the frozen base's layer projections as "
+                    "nf4 (4-bit NormalFloat, blocks of 64, double-quantized "
+                    "absmax) or int8 (absmax per output feature), "
+                    "dequantized per layer; needs --lora_rank")
 
 
 def train_settings() -> S.TrainSettings:
@@ -84,7 +100,9 @@ def train_settings() -> S.TrainSettings:
                          precision=f.precision, shard=f.shard,
                          loss_chunks=f.loss_chunks, grad_accum=f.grad_accum,
                          lora_rank=f.lora_rank,
-                         lora_targets=tuple(f.lora_targets))
+                         lora_targets=tuple(f.lora_targets),
+                         base_quant=f.base_quant,
+                         offload=tuple(f.offload))
 
 
 def fail(message: str) -> None:
@@ -226,4 +244,7 @@ def settings_line(name: str, settings: S.TrainSettings) -> str:
               f"{settings.batch // settings.grad_accum}"
               if settings.grad_accum > 1 else "") + (
               f", LoRA rank {settings.lora_rank} on "
-              f"{','.join(settings.lora_targets)}" if settings.lora_rank else ""))
+              f"{','.join(settings.lora_targets)}" if settings.lora_rank else "")
+          + (f", base {settings.base_quant}" if settings.base_quant != "none"
+             else "") + (f", {'+'.join(settings.offload)} offloaded to host"
+                         if settings.offload else ""))

@@ -18,9 +18,7 @@ flags.DEFINE_enum("shard", "zero3", ["dp", "zero1", "zero2", "zero3"],
                   "zero3 stores params sharded over X; the others replicate them")
 flags.DEFINE_enum("precision", "mixed", ["mixed", "bf16_master", "bf16"],
                   "mixed stores f32 params; the bf16 policies bf16 params")
-flags.DEFINE_integer("lora_rank", 0, "LoRA adapters of this rank (0: none)")
-flags.DEFINE_list("lora_targets", ["q", "k", "v", "o"],
-                  "projections that get an adapter")
+cli.define_adapter_flags()
 FLAGS = flags.FLAGS
 
 
@@ -34,7 +32,8 @@ def main(argv):
   cfg, plan = cli.model_and_plan()
   settings = TrainSettings(shard=FLAGS.shard, precision=FLAGS.precision,
                            lora_rank=FLAGS.lora_rank,
-                           lora_targets=tuple(FLAGS.lora_targets))
+                           lora_targets=tuple(FLAGS.lora_targets),
+                           base_quant=FLAGS.base_quant)
   info = describe_params(cfg, plan, settings)
   if FLAGS.format == "json":
     print(json.dumps(info, indent=1))
@@ -44,6 +43,11 @@ def main(argv):
     print(f"trainable: {info['trainable_params']:,} (LoRA rank "
           f"{settings.lora_rank} on {','.join(settings.lora_targets)}; the "
           f"base is frozen)")
+  if info["quantized_base"]:
+    q = info["quantized_base"]
+    print(f"base stored as {q['kind']}: {q['weights']:,} weights in "
+          f"{q['bytes']:,} bytes ({gib(q['bytes']):.3f} GiB), "
+          f"{q['bytes_per_weight']:.4f} bytes per weight")
   print(plan.describe())
   if info["vocab_padding"]:
     print(f"vocabulary padded by {info['vocab_padding']} rows so Y divides it")

@@ -90,7 +90,10 @@ def main(argv):
     if settings.lora_rank:
       header += (f"\ntrainable parameters: {estimate.trainable_params:,} "
                  f"(the LoRA adapters; the base is frozen: no gradient, no "
-                 f"optimizer state)")
+                 f"optimizer state)" + (
+                     f"; its layer projections stored as "
+                     f"{settings.base_quant} (models.quant)"
+                     if settings.base_quant != "none" else ""))
     print(render(estimate, header))
 
 

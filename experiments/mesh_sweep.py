@@ -101,7 +101,8 @@ def spec_from_flags():
       seq=FLAGS.seq, attention=FLAGS.attention, precision=FLAGS.precision,
       meshes=(parse_mesh(FLAGS.mesh),) if FLAGS.mesh else None,
       grad_accum=FLAGS.grad_accum, lora_rank=FLAGS.lora_rank,
-      lora_targets=tuple(FLAGS.lora_targets))
+      lora_targets=tuple(FLAGS.lora_targets), base_quant=FLAGS.base_quant,
+      offload=tuple(FLAGS.offload))
 
 
 def run_dir_for(logdir: str, name: str, resume: bool) -> str:
@@ -119,7 +120,8 @@ def run_dir_for(logdir: str, name: str, resume: bool) -> str:
 
 RUN_SETTINGS = "run.json"  # what a run's results depend on, for --resume
 _IDENTITY = ("model", "topology", "seq", "attention", "precision",
-             "grad_accum", "lora_rank", "lora_targets")
+             "grad_accum", "lora_rank", "lora_targets", "base_quant",
+             "offload")
 
 
 def check_run_settings(run_dir: str, spec) -> None:

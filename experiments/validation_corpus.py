@@ -25,6 +25,11 @@ CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
                             "compiled_corpus.jsonl")
 PARTS = ("tune", "check", "toy")
 GEMMA_2B = "models/configs/gemma-2b.json"
+# Settings a case names only when they differ from these.
+SETTING_DEFAULTS = (("shard", "zero3"), ("precision", "mixed"),
+                    ("attention", "flash"), ("loss_chunks", 1),
+                    ("grad_accum", 1), ("lora_rank", 0), ("base_quant", "none"),
+                    ("offload", ()))
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
 
 
@@ -42,17 +47,20 @@ class Case:
   precision: str = "mixed"
   attention: str = "flash"
   loss_chunks: int = 1
+  grad_accum: int = 1
+  lora_rank: int = 0
+  base_quant: str = "none"
+  offload: tuple[str, ...] = ()
 
   def settings(self) -> TrainSettings:
-    return TrainSettings(batch=self.batch, seq=self.seq, remat=self.remat,
-                         attention=self.attention, optimizer=self.optimizer,
-                         precision=self.precision, shard=self.shard,
-                         loss_chunks=self.loss_chunks)
+    fields = {f.name for f in dataclasses.fields(TrainSettings)}
+    return TrainSettings(**{k: v for k, v in dataclasses.asdict(self).items()
+                            if k in fields})
 
   def label(self) -> str:
-    extra = [f"{k}={getattr(self, k)}" for k, d in (
-        ("shard", "zero3"), ("precision", "mixed"), ("attention", "flash"),
-        ("loss_chunks", 1)) if getattr(self, k) != d]
+    text = lambda v: ",".join(v) if isinstance(v, tuple) else str(v)
+    extra = [f"{k}={text(getattr(self, k))}" for k, d in SETTING_DEFAULTS
+             if getattr(self, k) != d]
     return " ".join([self.model.split("/")[-1], self.topology, self.mesh,
                      f"b{self.batch}", f"s{self.seq}", self.remat,
                      self.optimizer, *extra])
@@ -151,4 +159,23 @@ CASES: list[Case] = [
     Case("tiny", "v5p-32", "16x1", 32, 128, "dots", "adamw", "toy"),
     Case("tiny", "v5p-32", "8x2", 8, 128, "names:qkv,mlp_hidden", "adafactor",
           "toy"),
+    # Fine-tuning: gradient accumulation; LoRA (rank 16 on q,k,v,o) over a
+    # bf16 base, and over a base stored as nf4 / int8 codes (QLoRA).
+    Case("llama2_7b", "v5p-16", "8x1", 32, 2048, "full", "adamw", C,
+          grad_accum=4),
+    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", T,
+          precision="bf16", lora_rank=16),
+    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", T,
+          precision="bf16", lora_rank=16, base_quant="nf4"),
+    Case("llama3_8b", "v5p-16", "4x2", 16, 2048, "full", "adamw", C,
+          precision="bf16", lora_rank=16, base_quant="int8"),
+    # State in pinned host memory between steps (with bf16 params the TPU
+    # compiler refuses per-layer slices of a host stack: "Sublane slicing
+    # with mismatched tiling", so the QLoRA case keeps f32 norms).
+    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", T,
+          offload=("optimizer",)),
+    Case("llama2_7b", "v5p-16", "4x2", 16, 2048, "full", "adamw", C,
+          offload=("optimizer", "params")),
+    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", C,
+          lora_rank=16, base_quant="nf4", offload=("params",)),
 ]

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from models import quant
+from models.offload import on_device
 from models.rules import AxisRules, reshard
 
 Names = Sequence[str | None]
@@ -28,7 +30,8 @@ def weight(module: nn.Module, name: str, shape: Sequence[int], names: Names,
                                             in_axis=0, out_axis=-1)
   w = module.param(name, nn.with_logical_partitioning(init, tuple(names)),
                    tuple(shape), param_dtype)
-  return reshard(w.astype(dtype), rules.spec("compute", names))
+  return reshard(on_device(w).astype(dtype), rules.spec("compute", names))
+
 
 
 def activation(x: jax.Array, names: Names, rules: AxisRules) -> jax.Array:
@@ -74,11 +77,19 @@ class Dense(nn.Module):
   bias: bool = False
   bias_dims: int = 1  # trailing weight dims the bias covers
   lora_rank: int = 0  # > 0: a trainable low-rank adapter beside the kernel
+  quant: str = "none"  # the kernel stored quantized (models.quant), frozen
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     args = (self.rules, self.dtype, self.param_dtype)
-    w = weight(self, "kernel", self.shape, self.names, *args)
+    if self.quant == "nf4":
+      w = quant.nf4_kernel(self, "kernel", self.shape, self.names, self.rules,
+                           self.dtype)
+    elif self.quant == "int8":
+      w = quant.int8_kernel(self, "kernel", self.shape, self.names,
+                            self._kernel_dims()[1], self.rules, self.dtype)
+    else:
+      w = weight(self, "kernel", self.shape, self.names, *args)
     out_spec = None
     if not jax.sharding.get_abstract_mesh().empty:
       out_spec = self.rules.spec("activations", self.out)
@@ -92,6 +103,12 @@ class Dense(nn.Module):
       y = y + b
     return y
 
+  def _kernel_dims(self) -> tuple[list[int], list[int]]:
+    """The kernel dims the input contracts, and those the output keeps."""
+    lhs, rest = self.equation.split(",")
+    kernel, out = rest.split("->")
+    return ([i for i, c in enumerate(kernel) if c in lhs],
+            [i for i, c in enumerate(kernel) if c in out])
 
   def _adapter(self, x: jax.Array, args) -> jax.Array:
     """LoRA: x·A·B, A over the kernel's input dims and B over its output
@@ -100,8 +117,7 @@ class Dense(nn.Module):
     lhs, rest = self.equation.split(",")
     kernel, out = rest.split("->")
     r = next(c for c in "rzyxwq" if c not in self.equation)
-    into = [i for i, c in enumerate(kernel) if c in lhs]
-    outof = [i for i, c in enumerate(kernel) if c in out]
+    into, outof = self._kernel_dims()
     keep = "".join(c for c in lhs if c not in kernel)
     a = weight(self, "lora_a", tuple(self.shape[i] for i in into) + (
         self.lora_rank,), tuple(self.names[i] for i in into) + (None,), *args)
@@ -132,11 +148,13 @@ class Mlp(nn.Module):
   dtype: jnp.dtype
   param_dtype: jnp.dtype
   lora: tuple = (0, ())  # (rank, the projections that get an adapter)
+  quant: str = "none"  # the kernels stored quantized (models.quant)
 
   @nn.compact
   def __call__(self, x_BxSxD: jax.Array) -> jax.Array:
     common = dict(rules=self.rules, dtype=self.dtype,
-                  param_dtype=self.param_dtype, bias=self.bias)
+                  param_dtype=self.param_dtype, bias=self.bias,
+                  quant=self.quant)
     rank = lambda name: self.lora[0] if name in self.lora[1] else 0
     up = lambda name: Dense((self.d_model, self.d_ff), ("embed", "mlp"),
                             "bsd,df->bsf", ("batch", "length", "mlp"),

@@ -27,17 +27,19 @@ def abstract_params(model: Decoder) -> tuple[Any, Any]:
   """(ShapeDtypeStruct tree, tree of logical axis-name tuples).
 
   Params do not depend on remat, attention kernel or loss chunking (LoRA
-  adapters do add params), so one eval_shape serves every such variant (a
-  sweep builds many). Callers must
+  adapters and a quantized base do change them), so one eval_shape serves
+  every such variant (a sweep builds many). Callers must
   not mutate the returned trees: they are shared.
   """
   return _abstract_params(model.cfg, model.rules, model.dtype,
-                          model.param_dtype, model.lora)
+                          model.param_dtype, model.lora, model.quant)
 
 
 @functools.lru_cache(maxsize=16)
-def _abstract_params(cfg, rules, dtype, param_dtype, lora=(0, ())):
-  model = Decoder(cfg, rules, dtype=dtype, param_dtype=param_dtype, lora=lora)
+def _abstract_params(cfg, rules, dtype, param_dtype, lora=(0, ()),
+                     quant="none"):
+  model = Decoder(cfg, rules, dtype=dtype, param_dtype=param_dtype, lora=lora,
+                  quant=quant)
   boxed = jax.eval_shape(model.init, jax.random.key(0),
                          *sample_inputs(model.cfg))["params"]
   names = jax.tree.map(lambda b: b.names, boxed,

@@ -16,6 +16,7 @@ from jax.ad_checkpoint import checkpoint_name
 from models import attention, scopes
 from models.config import ModelConfig
 from models.layers import Dense, Mlp, Norm, activation, weight
+from models.offload import on_device
 from models.remat import policy
 from models.rules import FSDP_TP, AxisRules, reshard
 
@@ -60,12 +61,13 @@ class Attention(nn.Module):
   dtype: jnp.dtype
   param_dtype: jnp.dtype
   lora: tuple = (0, ())  # (rank, the projections that get an adapter)
+  quant: str = "none"  # the projections stored quantized (models.quant)
 
   @nn.compact
   def __call__(self, x_BxSxD: jax.Array) -> jax.Array:
     c = self.cfg
     common = dict(rules=self.rules, dtype=self.dtype,
-                  param_dtype=self.param_dtype, bias_dims=2)
+                  param_dtype=self.param_dtype, bias_dims=2, quant=self.quant)
     rank = lambda name: self.lora[0] if name in self.lora[1] else 0
     proj = lambda name, heads, axis: Dense(
         (c.d_model, heads, c.head_dim), ("embed", axis, "kv"), "bsd,dnh->bsnh",
@@ -94,6 +96,7 @@ class Block(nn.Module):
   dtype: jnp.dtype
   param_dtype: jnp.dtype
   lora: tuple = (0, ())
+  quant: str = "none"
 
   @nn.compact
   def __call__(self, x_BxSxD: jax.Array, _) -> tuple[jax.Array, None]:
@@ -101,7 +104,7 @@ class Block(nn.Module):
     norm = lambda name: Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                              name=name)
     mods = dict(rules=self.rules, dtype=self.dtype,
-                param_dtype=self.param_dtype, lora=self.lora)
+                param_dtype=self.param_dtype, lora=self.lora, quant=self.quant)
     mlp = Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp", **mods)
     if c.parallel_block:
       h = norm("pre_norm")(activation(x_BxSxD, GATHERED, self.rules))
@@ -131,15 +134,17 @@ class Decoder(nn.Module):
   dtype: jnp.dtype = jnp.bfloat16
   param_dtype: jnp.dtype = jnp.float32
   lora: tuple = (0, ())  # (rank, projections): LoRA adapters (layers.Dense)
+  quant: str = "none"  # the layers' projections stored quantized (QLoRA)
 
   @nn.compact
   def __call__(self, inputs: jax.Array, targets: jax.Array) -> jax.Array:
     c = self.cfg
     args = (self.rules, self.dtype, self.param_dtype)
     if c.embeddings:
-      table_VxD = self.param("embedding", nn.with_logical_partitioning(
-          nn.initializers.normal(1.0), ("vocab", "embed")),
-                             (c.vocab_size, c.d_model), self.param_dtype)
+      table_VxD = on_device(self.param(
+          "embedding", nn.with_logical_partitioning(
+              nn.initializers.normal(1.0), ("vocab", "embed")),
+          (c.vocab_size, c.d_model), self.param_dtype))
       x = self._embed(table_VxD.astype(self.dtype), inputs)
     else:
       x = activation(inputs.astype(self.dtype), RESIDUAL, self.rules)
@@ -152,7 +157,8 @@ class Decoder(nn.Module):
                      metadata_params={nn.PARTITION_NAME: "layers"})
     with jax.named_scope(scopes.LAYERS):
       x, _ = blocks(c, self.rules, self.attention, self.dtype,
-                    self.param_dtype, self.lora, name="blocks")(x, None)
+                    self.param_dtype, self.lora, self.quant,
+                    name="blocks")(x, None)
     if c.final_norm:
       x = Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                name="final_norm")(activation(x, GATHERED, self.rules))

@@ -1,7 +1,8 @@
 """Training config files as input: a DeepSpeed JSON, Hugging Face
-TrainingArguments (with PEFT's LoRA keys) as JSON, or a LLaMA-Factory YAML,
-mapped onto this project's run flags (seed 002's cheat sheet). The kind is
-detected from the keys; every key that sets nothing here is named.
+TrainingArguments (with PEFT's LoRA and TRL's bitsandbytes keys) as JSON, or a
+LLaMA-Factory YAML, mapped onto this project's run flags (seed 002's cheat
+sheet). The kind is detected from the keys; every key that sets nothing here
+is named.
 """
 
 from __future__ import annotations
@@ -144,7 +145,24 @@ def _huggingface(data: dict, devices: int) -> ConfigRun:
     m.put("lora_targets", _targets(data.get("target_modules", "q_proj,v_proj")),
           f"target_modules={data.get('target_modules', 'q_proj,v_proj')}",
           "target_modules")
+  if data.get("load_in_4bit") or data.get("load_in_8bit"):
+    _quantized_base(m, 4 if data.get("load_in_4bit") else 8,
+                    data.get("bnb_4bit_quant_type", "nf4"),
+                    "load_in_4bit" if data.get("load_in_4bit") else
+                    "load_in_8bit", "load_in_4bit", "load_in_8bit",
+                    "bnb_4bit_quant_type")
   return m.done("Hugging Face TrainingArguments")
+
+
+def _quantized_base(m: _Mapper, bits, kind, why: str, *keys: str) -> None:
+  """bitsandbytes' 4-bit (NF4) or 8-bit base (models.quant)."""
+  if bits == 8:
+    m.put("base_quant", "int8", why, *keys)
+  elif bits == 4 and kind == "nf4":
+    m.put("base_quant", "nf4", f"{why} (nf4)", *keys)
+  else:
+    raise ValueError(f"a {bits}-bit {kind} base is not modelled; valid: "
+                     "4-bit nf4 or 8-bit")
 
 
 def _llamafactory(data: dict, devices: int) -> ConfigRun:
@@ -164,6 +182,11 @@ def _llamafactory(data: dict, devices: int) -> ConfigRun:
           "finetuning_type", "lora_rank")
     m.put("lora_targets", _targets(data.get("lora_target", "all")),
           f"lora_target={data.get('lora_target', 'all')}", "lora_target")
+  if data.get("quantization_bit") is not None:
+    bits = data["quantization_bit"]
+    _quantized_base(m, bits, data.get("quantization_type", "nf4"),
+                    f"quantization_bit={bits}", "quantization_bit",
+                    "quantization_type", "double_quantization")
   return m.done("LLaMA-Factory YAML")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from typing import Any
 
@@ -42,14 +43,19 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
         "per_device_bytes": device_bytes(sds),
     })
   topo = plan.topology
-  num_params = sum(math.prod(g["shape"]) for g in groups) - padding * (
-      cfg.d_model * (1 if cfg.tie_embeddings else 2))
+  full = leaves
+  if settings.base_quant != "none":  # count the weights the codes stand for
+    full = abstract_params(make_model(padded, dataclasses.replace(
+        settings, base_quant="none"), rules))[0]
+  num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(full)) - (
+      padding * cfg.d_model * (1 if cfg.tie_embeddings else 2))
   trainable = trainable_paths(leaves, settings)
   return {
       "model": cfg.name,
       "num_params": num_params,
       "trainable_params": num_params if not settings.lora_rank else sum(
           math.prod(leaf.shape) for path, leaf in flat if path in trainable),
+      "quantized_base": quantized_base(full, leaves, settings.base_quant),
       "vocab_padding": padding,
       "kv_heads_replicated": kv_heads_replicated(cfg, plan.Y),
       "topology": {"name": topo.name, "chips": topo.chips,
@@ -62,6 +68,21 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
       "params": groups,
       "per_device_param_bytes": sum(g["per_device_bytes"] for g in groups),
   }
+
+
+def quantized_base(full, stored, kind: str) -> dict[str, Any] | None:
+  """The base weights stored quantized and their bytes (models.quant): the
+  arrays of the unquantized tree that the stored tree replaced, and those
+  that replaced them."""
+  if kind == "none":
+    return None
+  paths = lambda tree: dict(jax.tree_util.tree_flatten_with_path(tree)[0])
+  full, stored = paths(full), paths(stored)
+  weights = sum(math.prod(x.shape) for p, x in full.items() if p not in stored)
+  nbytes = sum(math.prod(x.shape) * x.dtype.itemsize
+               for p, x in stored.items() if p not in full)
+  return {"kind": kind, "weights": weights, "bytes": nbytes,
+          "bytes_per_weight": nbytes / weights}
 
 
 def largest_module_params(cfg: ModelConfig) -> int:

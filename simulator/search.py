@@ -80,6 +80,8 @@ class SweepSpec:
   grad_accum: int = 1
   lora_rank: int = 0
   lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
+  base_quant: str = "none"
+  offload: tuple[str, ...] = ()
 
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""
@@ -104,7 +106,9 @@ class SweepSpec:
                          attention=self.attention, optimizer=optimizer,
                          precision=self.precision, shard=shard,
                          grad_accum=self.grad_accum, lora_rank=self.lora_rank,
-                         lora_targets=tuple(self.lora_targets))
+                         lora_targets=tuple(self.lora_targets),
+                         base_quant=self.base_quant,
+                         offload=tuple(self.offload))
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""

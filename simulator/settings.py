@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from models.quant import QUANTS
+
 REMAT_HELP = "none, full, dots, names:<list>, offload:<list>"
 ATTENTIONS = ("materialized", "flash")
 OPTIMIZERS = ("adamw", "adamw_bf16_mu", "adafactor", "sgd", "sgd_momentum")
 PRECISIONS = ("mixed", "bf16_master", "bf16")
 SHARDS = ("dp", "zero1", "zero2", "zero3")
 LORA_TARGETS = ("q", "k", "v", "o", "wi", "wi_gate", "wo")
+BASE_QUANTS = QUANTS  # how the frozen base may be stored (models.quant)
+OFFLOADS = ("optimizer", "params")  # state kept in pinned host memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +31,12 @@ class TrainSettings:
   grad_accum: int = 1  # micro-batches per step (batch = micro x this)
   lora_rank: int = 0  # > 0: train rank-r adapters only, the base frozen
   lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
+  base_quant: str = "none"  # the frozen base's projections stored quantized
+  offload: tuple[str, ...] = ()  # OFFLOADS kept in host memory between steps
 
   def __post_init__(self):
+    for field in ("lora_targets", "offload"):  # JSON gives lists
+      object.__setattr__(self, field, tuple(getattr(self, field)))
     for field in ("batch", "seq", "loss_chunks", "grad_accum"):
       value = getattr(self, field)
       if not isinstance(value, int) or value <= 0:
@@ -50,6 +58,16 @@ class TrainSettings:
       raise ValueError(f"lora_targets={','.join(self.lora_targets)!r}: "
                        f"{bad[0] if bad else 'empty'!r} is not a projection; "
                        f"valid: {', '.join(LORA_TARGETS)}")
+    if self.base_quant not in BASE_QUANTS:
+      raise ValueError(f"base_quant={self.base_quant!r}; valid: "
+                       f"{', '.join(BASE_QUANTS)}")
+    if self.base_quant != "none" and not self.lora_rank:
+      raise ValueError(f"base_quant={self.base_quant} needs lora_rank > 0: a "
+                       "quantized base is frozen, only adapters train (QLoRA)")
+    bad = [o for o in self.offload if o not in OFFLOADS]
+    if bad:
+      raise ValueError(f"offload={','.join(self.offload)!r}: {bad[0]!r}; "
+                       f"valid: {', '.join(OFFLOADS)}")
     from models.remat import policy  # validates the remat spec
     policy(self.remat)
 

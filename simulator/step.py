@@ -27,6 +27,7 @@ from simulator.optimizers import PRECISION, make_optimizer
 from simulator.settings import TrainSettings
 
 Tree = Any
+HOST = "pinned_host"  # the memory kind offloaded state lives in
 
 
 class PlanError(ValueError):
@@ -67,7 +68,8 @@ def make_model(cfg: ModelConfig, settings: TrainSettings,
                  attention=settings.attention,
                  loss_chunks=settings.loss_chunks,
                  param_dtype=PRECISION[settings.precision].param_dtype,
-                 lora=(settings.lora_rank, tuple(settings.lora_targets)))
+                 lora=(settings.lora_rank, tuple(settings.lora_targets)),
+                 quant=settings.base_quant)
 
 
 def batch_shapes(cfg: ModelConfig, settings: TrainSettings,
@@ -95,8 +97,16 @@ def device_bytes(x) -> int:
   return math.prod(device_shape(x)) * np.dtype(x.dtype).itemsize
 
 
-def _sds(shape, dtype, mesh, spec) -> jax.ShapeDtypeStruct:
-  return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+def _sds(shape, dtype, mesh, spec, memory_kind=None) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(
+      mesh, spec, memory_kind=memory_kind))
+
+
+def _in_memory(tree: Tree, kind: str) -> Tree:
+  """`tree` moved to memory `kind` ("device" or "pinned_host"): a
+  device_put the traced program shows and XLA's host offloading runs."""
+  return jax.tree.map(lambda x: jax.device_put(
+      x, jax.typeof(x).sharding.update(memory_kind=kind)), tree)
 
 
 def _check_divisible(path: str, shape, spec: P, mesh) -> None:
@@ -217,6 +227,12 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   tx = make_optimizer(settings.optimizer, settings.precision)
   with jax.sharding.use_abstract_mesh(_abstract(mesh)):
     opt_state = jax.eval_shape(tx.init, opt_params)
+  on_host = lambda tree: jax.tree.map(lambda x: _sds(
+      x.shape, x.dtype, mesh, getattr(x.sharding, "spec", P()), HOST), tree)
+  if "optimizer" in settings.offload:  # kept in host memory between steps
+    opt_state = on_host(opt_state)
+  if "params" in settings.offload:
+    params = on_host(params)
 
   def loss_fn(p, batch):
     return model.apply({"params": p}, batch["inputs"], batch["targets"])
@@ -232,6 +248,8 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
 
     def one(b):  # zero2/3: the gradient reduce-scatter, per micro-batch
       loss, g = value(train, b)
+      if "params" in settings.offload:  # made where the params live
+        g = _in_memory(g, "device")
       return loss, reshard_tree(g, grad_specs)
 
     if accum == 1:
@@ -249,12 +267,20 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
 
   def step(p, opt_state, batch):
     train = _subtree(p, trainable)  # the base stays as it is (LoRA)
-    loss, g = loss_and_grads(p, train, batch)
+    loss, g = loss_and_grads(p, train, batch)  # layers fetch their params
+    if "params" in settings.offload:  # the update runs on the device
+      train = _in_memory(train, "device")
     p_opt = reshard_tree(train, opt_specs)  # zero1/2: this device's slice
+    if "optimizer" in settings.offload:
+      opt_state = _in_memory(opt_state, "device")
     updates, opt_state = tx.update(reshard_tree(g, opt_specs), opt_state,
                                    p_opt)
+    if "optimizer" in settings.offload:
+      opt_state = _in_memory(opt_state, HOST)
     new_p = optax.apply_updates(p_opt, updates)
     new_p = reshard_tree(new_p, param_specs)  # ZeRO all-gather
+    if "params" in settings.offload:
+      new_p = _in_memory(new_p, HOST)
     return _merged(p, new_p, trainable), opt_state, loss
 
   return Step(step, loss_fn, params, grads, opt_state, batch, names, model,

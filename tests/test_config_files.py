@@ -56,8 +56,21 @@ def test_a_llama_factory_yaml(tmp_path):
   run = read_config(path, devices=2)
   assert run.flags == {"batch": "16", "grad_accum": "8", "precision": "mixed",
                        "seq": "2048", "attention": "materialized",
-                       "lora_rank": "16", "lora_targets": "q,v"}
-  assert run.ignored == ("quantization_bit=4",)
+                       "lora_rank": "16", "lora_targets": "q,v",
+                       "base_quant": "nf4"}
+  assert run.ignored == ()
+
+
+@pytest.mark.parametrize("text,quant", [
+    ('{"per_device_train_batch_size": 1, "load_in_4bit": true, '
+     '"bnb_4bit_quant_type": "nf4"}', "nf4"),
+    ('{"per_device_train_batch_size": 1, "load_in_8bit": true}', "int8"),
+    ("finetuning_type: lora\nquantization_bit: 8\n", "int8"),
+])
+def test_a_quantized_base(tmp_path, text, quant):
+  name = "q.yaml" if "finetuning_type" in text else "q.json"
+  run = read_config(_write(tmp_path, name, text), devices=1)
+  assert run.flags["base_quant"] == quant and not run.ignored
 
 
 @pytest.mark.parametrize("name,text,match", [
@@ -66,6 +79,9 @@ def test_a_llama_factory_yaml(tmp_path):
     ("x.json", '{"learning_rate": 1}', "not a DeepSpeed JSON"),
     ("x.json", '{"per_device_train_batch_size": true}', "must be a positive"),
     ("x.yaml", "finetuning_type: lora\nlora_target: wq\n", "'wq' is not one"),
+    ("x.yaml", "quantization_bit: 4\nquantization_type: fp4\n",
+     "4-bit fp4 base is not modelled"),
+    ("x.yaml", "quantization_bit: 2\n", "2-bit nf4 base is not modelled"),
 ])
 def test_bad_files(tmp_path, name, text, match):
   with pytest.raises(ValueError, match=match):

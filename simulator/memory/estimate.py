@@ -192,6 +192,10 @@ def _state_tensors(traced: Traced, tiled: bool) -> list[Tensor]:
                                   read[category]):
       if not kept:
         continue
+      if xla_rules.on_host(leaf):  # --offload: pinned host memory
+        out.append(Tensor("host", name, device_shape(leaf), str(leaf.dtype),
+                          device_bytes(leaf), 0))
+        continue
       out.append(Tensor(category, name, device_shape(leaf),
                         str(leaf.dtype), device_bytes(leaf), 0))
       if category != "grads":  # arguments only

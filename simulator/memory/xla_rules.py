@@ -97,8 +97,11 @@ def shape_of(aval, local: bool) -> tuple[int, ...]:
 
 
 def on_host(aval) -> bool:
-  """A value in host memory (remat offload's pinned_host): no HBM."""
-  space = getattr(aval, "memory_space", None)
+  """A value in host memory (remat offload's pinned_host, an offloaded
+  argument): no HBM. An aval says so by its memory space, an argument's
+  ShapeDtypeStruct by its sharding's memory kind."""
+  space = getattr(aval, "memory_space", None) or getattr(
+      getattr(aval, "sharding", None), "memory_kind", None)
   return space is not None and "host" in str(space).lower()
 
 
