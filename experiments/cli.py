@@ -57,6 +57,15 @@ def define_train_flags() -> None:
   define_finetune_flags()
 
 
+def define_worker_flags() -> None:
+  """--workers, --ray_address: where compiles run (simulator.workers)."""
+  flags.DEFINE_integer("workers", 1, "compile this many at once (local "
+                       "processes, or Ray tasks with --ray_address)")
+  flags.DEFINE_string("ray_address", None, "compile on Ray: ray://HOST:PORT "
+                      "or auto (a running cluster), local (start one here "
+                      "with --workers CPUs); needs pip install -e '.[ray]'")
+
+
 def define_finetune_flags() -> None:
   """--config, --grad_accum, --offload and the adapter flags (the sweep's
   too)."""

@@ -69,8 +69,7 @@ def define_flags() -> None:
   flags.DEFINE_string("cache_dir", _default_cache(), "persistent cache of "
                       "evaluated configs and compile confirmations (a repeated "
                       "sweep or confirmation returns from it); '' disables")
-  flags.DEFINE_integer("workers", 1, "compile confirmations in this many "
-                       "processes at once")
+  cli.define_worker_flags()
 
 
 def join_remats(items: list[str]) -> tuple[str, ...]:
@@ -178,9 +177,11 @@ class SweepRun:
 
 def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = False,
               top_k: int = 3, progress: bool = True, out=sys.stdout,
-              cache_dir: str | None = None, workers: int = 1) -> SweepRun:
+              cache_dir: str | None = None, workers: int = 1,
+              ray_address: str | None = None) -> SweepRun:
   """The whole study. Validates before any work; one process per run.
-  cache_dir: the persistent cache (simulator.cache; None or "": none)."""
+  cache_dir: the persistent cache (simulator.cache; None or "": none);
+  workers, ray_address: where confirmations compile (simulator.workers)."""
   if top_k < 0:
     raise ValueError(f"--top_k={top_k} must be >= 0")
   if workers < 1:
@@ -191,7 +192,7 @@ def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = Fal
     check_run_settings(run_dir, spec)
     try:
       return _sweep(spec, cfg, topo, run_dir, logdir, top_k, progress, out,
-                    cache_dir, workers)
+                    cache_dir, workers, ray_address)
     except KeyboardInterrupt:
       print(f"\ninterrupted: the results so far are kept in "
             f"{os.path.join(run_dir, 'results.jsonl')}; the same command with "
@@ -206,14 +207,15 @@ def _pending(ranked: list, top_k: int, in_flight) -> list:
 
 
 def _confirm(sweep, ranked: list, top_k: int, workers: int, results,
-             progress: bool, out) -> list:
-  """Compile the best top_k plans for the topology, `workers` at a time;
-  a plan the compiler refutes drops and the next is confirmed. Each result
-  is appended as it finishes (a resumed run keeps it) and kept in the cache."""
+             progress: bool, out, ray_address: str | None = None) -> list:
+  """Compile the best top_k plans for the topology, `workers` at a time
+  (here or on Ray); a plan the compiler refutes drops and the next is
+  confirmed. Each result is appended as it finishes (a resumed run keeps
+  it) and kept in the cache."""
   import concurrent.futures as cf
-  import multiprocessing
   from tqdm import tqdm
   from simulator import search
+  from simulator.workers import Pool
 
   for r in _pending(ranked, top_k, ()):  # compiled before: no compile
     hit = search.cached_confirmation(sweep, r)
@@ -228,23 +230,16 @@ def _confirm(sweep, ranked: list, top_k: int, workers: int, results,
   when = (f"about {each:.0f} s each on this machine (its median so far)"
           if each else "no compile history here yet; a 7B-70B plan takes "
           "about a minute on 2 idle cores")
+  pool = Pool(workers, ray_address)
   print(f"compiling {len(todo)} plan{'s' if len(todo) > 1 else ''} for "
         f"{sweep.topo.name} to confirm {'them' if len(todo) > 1 else 'it'} "
-        f"({workers} at a time): {when}; --top_k=0 skips this", file=out,
-        flush=True)
+        f"({pool.where}): {when}; --top_k=0 skips this", file=out, flush=True)
   bar = tqdm(desc="compile", disable=not progress, file=sys.stderr)
-  pool = (cf.ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"))
-          if workers > 1 else None)
 
   def submit(r: dict) -> cf.Future:
     bar.set_description(f"compile {r['X']}x{r['Y']} b{r['batch']} "
                         f"{r['remat']}" + (f" (~{each:.0f} s)" if each else ""))
-    job = search.compile_job(sweep, r)
-    if pool is not None:
-      return pool.submit(search.run_compile_job, *job)
-    future: cf.Future = cf.Future()  # in this process, now
-    future.set_result(search.run_compile_job(*job))
-    return future
+    return pool.submit(search.run_compile_job, *search.compile_job(sweep, r))
 
   in_flight: dict = {}
   try:
@@ -259,8 +254,7 @@ def _confirm(sweep, ranked: list, top_k: int, workers: int, results,
         _keep(sweep, in_flight.pop(future), future.result(), results, bar)
       ranked = search.rank(ranked)
   finally:
-    if pool is not None:
-      pool.shutdown(cancel_futures=True)
+    pool.close()
     bar.close()
   return ranked
 
@@ -275,7 +269,7 @@ def _keep(sweep, record: dict, result: dict, results, bar) -> None:
 
 def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
            progress: bool, out, cache_dir: str | None = None,
-           workers: int = 1) -> SweepRun:
+           workers: int = 1, ray_address: str | None = None) -> SweepRun:
   from tqdm import tqdm
   from experiments import tensorboard_writer as tbw
   from experiments.results import FILENAME, ResultsFile
@@ -296,7 +290,8 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   wanted = {c.key for c in spec.configs(topo)}
   records = [r for r in results.load() if search.record_key(r) in wanted]
   ranked = search.rank(records)
-  ranked = _confirm(sweep, ranked, top_k, workers, results, progress, out)
+  ranked = _confirm(sweep, ranked, top_k, workers, results, progress, out,
+                    ray_address)
   text = search.table(ranked)
   why = search.recommendation(ranked)
   print(text, file=out)
@@ -310,7 +305,8 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
 def main(argv) -> None:
   del argv
   spec = spec_from_flags()
-  common = dict(cache_dir=FLAGS.cache_dir, workers=FLAGS.workers)
+  common = dict(cache_dir=FLAGS.cache_dir, workers=FLAGS.workers,
+                ray_address=FLAGS.ray_address)
   if FLAGS.format == "json":
     import io
     run = run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume,

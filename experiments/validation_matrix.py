@@ -1,8 +1,10 @@
 """The validation corpus compiled, or re-checked from kept results.
 
   python -m experiments.validation_matrix [--only=N,M] [--jsonl=F]
+      [--workers=K] [--ray_address=ray://HOST:PORT|auto|local]
       compile the cases of experiments.validation_corpus for their TPU
-      topologies through libtpu (no TPU needed), appending each result to F
+      topologies through libtpu (no TPU needed), K at a time (here, or as
+      Ray tasks), appending each result to F as it finishes
   python -m experiments.validation_matrix --from_jsonl=experiments/data/compiled_corpus.jsonl
       recompute the symbolic side of every kept row against its compiled
       figures (no compiling; seconds) and rewrite the table
@@ -35,6 +37,7 @@ flags.DEFINE_string("jsonl", None, "also append each result as a JSON line here"
 flags.DEFINE_string("only", None, "comma-separated config indices to run")
 flags.DEFINE_string("from_jsonl", None, "re-check these kept results "
                     "(a --jsonl of an earlier run) instead of compiling")
+cli.define_worker_flags()
 
 
 def _pct(x) -> str:
@@ -211,26 +214,45 @@ def main(argv):
     write(rows, FLAGS.out, started)
     _say(f"re-checked {len(rows)} kept rows in {time.time() - started:.1f} s")
     return
-  from meshes.layout import parse_mesh
-  rows = []
+  import concurrent.futures as cf
+  from simulator.workers import Pool
   chosen = _chosen(FLAGS.only)
-  for n, i in enumerate(chosen):
-    case = CASES[i]
-    x, y = parse_mesh(case.mesh)
-    label = f"[{n + 1}/{len(chosen)} #{i} {case.label()}]"
-    _say(f"{label} start ({time.time() - started:.0f} s elapsed)")
-    r = crosscheck.compile_case(load_model(case.model), case.settings(),
-                                case.topology, x, y,
-                                progress=lambda m: _say(f"{label} {m}"))
-    _say(f"{label} {r.get('error') or 'compiled'}")
-    r["config"] = {**dataclasses.asdict(case), "index": i}
-    if "oom" in r:  # the symbolic side of a plan XLA refused
-      r = crosscheck.recheck(r)
-    rows.append(r)
-    if FLAGS.jsonl:
-      with open(FLAGS.jsonl, "a") as f:
-        f.write(json.dumps(r, default=str) + "\n")
-    write(rows, FLAGS.out, started)
+  pool = Pool(FLAGS.workers, FLAGS.ray_address)
+  _say(f"compiling {len(chosen)} configs {pool.where}")
+  rows: list = []
+  try:
+    jobs = {pool.submit(compile_index, i, pool.workers == 1
+                        and not FLAGS.ray_address): i for i in chosen}
+    for future in cf.as_completed(jobs):
+      i = jobs[future]
+      r = future.result()
+      _say(f"[{len(rows) + 1}/{len(chosen)} #{i} {CASES[i].label()}] "
+           f"{r.get('error') or 'compiled'} "
+           f"({time.time() - started:.0f} s elapsed)")
+      rows.append(r)
+      if FLAGS.jsonl:
+        with open(FLAGS.jsonl, "a") as f:
+          f.write(json.dumps(r, default=str) + "\n")
+      write(sorted(rows, key=lambda r: r["config"]["index"]), FLAGS.out,
+            started)
+  finally:
+    pool.close()
+
+
+def compile_index(i: int, progress: bool = False) -> dict:
+  """Case i compiled for its topology, as a kept row (a worker runs this)."""
+  from meshes.layout import parse_mesh
+  from simulator import crosscheck
+  case = CASES[i]
+  x, y = parse_mesh(case.mesh)
+  label = f"[#{i} {case.label()}]"
+  r = crosscheck.compile_case(
+      load_model(case.model), case.settings(), case.topology, x, y,
+      progress=(lambda m: _say(f"{label} {m}")) if progress else None)
+  r["config"] = {**dataclasses.asdict(case), "index": i}
+  if "oom" in r:  # the symbolic side of a plan XLA refused
+    r = crosscheck.recheck(r)
+  return r
 
 
 if __name__ == "__main__":

@@ -237,3 +237,14 @@ def test_confirmations_in_two_workers_then_from_the_cache(tmp_path):
       r["compiled_peak_bytes"] for r in confirmed]
   assert all(r["from_cache"] for r in cached)
   assert "compiling" not in out.getvalue()  # nothing left to compile
+
+
+def test_confirmations_on_a_local_ray_instance(tmp_path):
+  """--ray_address=local starts Ray here; the confirmation runs as a Ray
+  task and comes back like a local one."""
+  out = io.StringIO()
+  run = mesh_sweep.run_sweep(SPEC, str(tmp_path), "ray", top_k=1,
+                             progress=False, out=out, ray_address="local")
+  assert "on the Ray cluster (1 CPUs)" in out.getvalue()
+  confirmed = [r for r in run.ranked if "compiled_peak_bytes" in r]
+  assert len(confirmed) == 1 and confirmed[0]["compiled_peak_bytes"] > 0

@@ -102,3 +102,22 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_cases_compile_in_worker_processes(tmp_path):
+  """--workers=2: two toy cases compiled at once, each row appended as it
+  finishes, the table in index order."""
+  out, rows = tmp_path / "v.md", tmp_path / "r.jsonl"
+  toy = [i for i, c in enumerate(vm.CASES) if c.part == "toy"][:2]
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.validation_matrix",
+       f"--only={toy[1]},{toy[0]}", "--workers=2", f"--jsonl={rows}",
+       f"--out={out}"], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "compiling 2 configs 2 at a time" in proc.stderr
+  kept = [json.loads(line) for line in rows.read_text().splitlines()]
+  assert sorted(r["config"]["index"] for r in kept) == toy
+  assert all("relative_error" in r for r in kept)
+  table = [line for line in out.read_text().splitlines()
+           if line.startswith("| ") and line[2].isdigit()]
+  assert [int(line.split("|")[1]) for line in table] == toy

@@ -1,0 +1,73 @@
+"""Where compile jobs run: here, in local worker processes, or on Ray.
+
+Every pool hands back `concurrent.futures.Future`s, so a caller waits on any
+of them the same way (`concurrent.futures.wait`). A compile holds one core
+for a minute or more; each job is independent (a config in, a dict out).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+from typing import Any, Callable
+
+
+class Pool:
+  """`submit(fn, *args)` -> Future; `close()` when done."""
+
+  def __init__(self, workers: int = 1, ray_address: str | None = None):
+    if workers < 1:
+      raise ValueError(f"--workers={workers} must be >= 1")
+    self.workers, self._ray, self._local = workers, None, None
+    if ray_address:
+      self._ray = _ray_connect(ray_address, workers)
+    elif workers > 1:
+      self._local = cf.ProcessPoolExecutor(
+          workers, multiprocessing.get_context("spawn"))
+
+  @property
+  def where(self) -> str:
+    if self._ray is not None:
+      cpus = int(self._ray.cluster_resources().get("CPU", 0))
+      return f"on the Ray cluster ({cpus} CPUs)"
+    return f"{self.workers} at a time" if self.workers > 1 else "one at a time"
+
+  def submit(self, fn: Callable[..., Any], *args) -> cf.Future:
+    if self._ray is not None:
+      return self._ray.remote(num_cpus=1)(fn).remote(*args).future()
+    if self._local is not None:
+      return self._local.submit(fn, *args)
+    future: cf.Future = cf.Future()  # in this process, now
+    try:
+      future.set_result(fn(*args))
+    except Exception as e:  # noqa: BLE001 - handed to the caller as a result
+      future.set_exception(e)
+    return future
+
+  def close(self) -> None:
+    if self._local is not None:
+      self._local.shutdown(cancel_futures=True)
+    if self._ray is not None:
+      self._ray.shutdown()
+
+
+def _ray_connect(address: str, workers: int):
+  """`address`: a running cluster ("ray://host:10001", "auto") or "local"
+  (start one on this machine with `workers` CPUs)."""
+  try:
+    import ray
+  except ImportError:
+    raise ValueError(f"--ray_address={address}: Ray is not installed; "
+                     "pip install -e '.[ray]'") from None
+  kwargs = dict(include_dashboard=False, log_to_driver=False,
+                ignore_reinit_error=True)
+  try:
+    if address == "local":
+      ray.init(num_cpus=workers, **kwargs)
+    else:
+      ray.init(address=address, **kwargs)
+  except (ConnectionError, RuntimeError, ValueError) as e:
+    raise ValueError(f"--ray_address={address}: cannot connect "
+                     f"({str(e).splitlines()[0]}); give ray://HOST:PORT, "
+                     "auto or local") from None
+  return ray
