@@ -26,6 +26,7 @@ CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
 PARTS = ("tune", "check", "toy")
 GEMMA_2B = "models/configs/gemma-2b.json"
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
+T5_V1_1_SMALL = "models/configs/t5-v1_1-small.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +43,11 @@ class Case:
   precision: str = "mixed"
   attention: str = "flash"
   loss_chunks: int = 1
+  target_seq: int = 0  # an encoder-decoder's decoder length
 
   def settings(self) -> TrainSettings:
-    return TrainSettings(batch=self.batch, seq=self.seq, remat=self.remat,
+    return TrainSettings(batch=self.batch, seq=self.seq,
+                         target_seq=self.target_seq, remat=self.remat,
                          attention=self.attention, optimizer=self.optimizer,
                          precision=self.precision, shard=self.shard,
                          loss_chunks=self.loss_chunks)
@@ -52,7 +55,7 @@ class Case:
   def label(self) -> str:
     extra = [f"{k}={getattr(self, k)}" for k, d in (
         ("shard", "zero3"), ("precision", "mixed"), ("attention", "flash"),
-        ("loss_chunks", 1)) if getattr(self, k) != d]
+        ("loss_chunks", 1), ("target_seq", 0)) if getattr(self, k) != d]
     return " ".join([self.model.split("/")[-1], self.topology, self.mesh,
                      f"b{self.batch}", f"s{self.seq}", self.remat,
                      self.optimizer, *extra])
@@ -151,4 +154,13 @@ CASES: list[Case] = [
     Case("tiny", "v5p-32", "16x1", 32, 128, "dots", "adamw", "toy"),
     Case("tiny", "v5p-32", "8x2", 8, 128, "names:qkv,mlp_hidden", "adafactor",
           "toy"),
+    # Encoder-decoders (T5 v1.0 tied and ReLU, v1.1 gated-GELU and untied),
+    # added after the memory rules; none was tuned on.
+    Case("t5_large", "v5p-8", "4x1", 16, 512, "full", "adamw", C,
+          target_seq=128),
+    Case(T5_V1_1_SMALL, "v5p-8", "2x2", 32, 512, "dots", "adamw", C),
+    Case("t5_3b", "v5p-32", "8x2", 32, 512, "full", "adamw", C,
+          target_seq=128),
+    Case(T5_V1_1_SMALL, "v5p-16", "8x1", 16, 1024, "none", "adamw", C,
+          attention="materialized", target_seq=256),
 ]

@@ -110,10 +110,10 @@ class EncoderDecoder(nn.Module):
         nn.initializers.normal(1.0), ("vocab", "embed")),
                            (c.vocab_size, c.d_model), self.param_dtype)
     table = table_VxD.astype(self.dtype)
-    encoded = self._stack("encoder", c.encoder_layers,
-                          lookup(table, inputs, self.rules))
-    y_BxTxD = self._stack("decoder", c.n_layers,
-                          lookup(table, decoder_inputs, self.rules), encoded)
+    encoded = _stack(self, "encoder", c.encoder_layers,
+                     lookup(table, inputs, self.rules))
+    y_BxTxD = _stack(self, "decoder", c.n_layers,
+                     lookup(table, decoder_inputs, self.rules), encoded)
     if c.tie_embeddings:  # HF rescales before the tied head
       y_BxTxD = y_BxTxD * jnp.asarray(c.d_model ** -0.5, self.dtype)
       w_DxV = reshard(table, self.rules.spec("compute", ("vocab", "embed"))).T
@@ -125,38 +125,42 @@ class EncoderDecoder(nn.Module):
       return chunked_loss(y_BxTxD, w_DxV, targets, self.loss_chunks,
                           self.rules)
 
-  def _stack(self, name: str, n_layers: int, x_BxSxD: jax.Array,
-             encoded_BxTxD: jax.Array | None = None) -> jax.Array:
-    """The encoder (bidirectional) or, given the encoder's output, the
-    decoder (causal, cross-attending to it): embedded tokens → its final
-    norm's output, gathered. Its layers are the scan `name` (one layer kind
-    per stack in the traced program)."""
-    c = self.cfg
-    decoder = encoded_BxTxD is not None
-    bias = self._position_bias(name, x_BxSxD.shape[1], decoder)
-    blocks = scanned(Block, n_layers, self.remat)
-    with jax.named_scope(scopes.LAYERS):
-      x_BxSxD, _ = blocks(c, self.rules, self.attention, self.dtype,
-                          self.param_dtype, self.lora, decoder,
-                          name=name)(x_BxSxD, bias, encoded_BxTxD)
-    norm = Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
-                name=f"{name}_norm")
-    return activation(norm(activation(x_BxSxD, GATHERED, self.rules)),
-                      GATHERED, self.rules)
 
-  def _position_bias(self, name: str, s: int, decoder: bool) -> jax.Array:
-    """bias_KxGxSxS in f32 from the stack's bucket table (buckets × heads),
-    looked up locally like the embedding."""
-    c = self.cfg
-    table_RxN = weight(self, f"{name}_relative_bias",
-                       (c.relative_buckets, c.n_heads), (None, "heads"),
-                       self.rules, jnp.float32, self.param_dtype,
-                       init=nn.initializers.normal(1.0))
-    pos = jnp.arange(s)
-    bucket_SxS = relative_position_bucket(
-        pos[None, :] - pos[:, None], not decoder, c.relative_buckets,
-        c.relative_max_distance)
-    bias_SxSxN = lookup(table_RxN, bucket_SxS, self.rules, (None, None),
-                        "heads")
-    return group_heads(jnp.transpose(bias_SxSxN, (2, 0, 1)),
-                       ("heads", None, None), c.n_kv_heads, self.rules)
+def _stack(model: EncoderDecoder, name: str, n_layers: int, x_BxSxD: jax.Array,
+           encoded_BxTxD: jax.Array | None = None) -> jax.Array:
+  """The encoder (bidirectional) or, given the encoder's output, the decoder
+  (causal, cross-attending to it) of `model`: embedded tokens → its final
+  norm's output, gathered. Its layers are the scan `name`, under the named
+  scopes `name`/layers (one layer kind per stack in the traced program). A
+  function rather than a method, so Flax adds no scope of its own."""
+  c, rules = model.cfg, model.rules
+  decoder = encoded_BxTxD is not None
+  with jax.named_scope(name):
+    bias = _position_bias(model, name, x_BxSxD.shape[1], decoder)
+    blocks = scanned(Block, n_layers, model.remat)
+    with jax.named_scope(scopes.LAYERS):
+      x_BxSxD, _ = blocks(c, rules, model.attention, model.dtype,
+                          model.param_dtype, model.lora, decoder,
+                          name=name)(x_BxSxD, bias, encoded_BxTxD)
+    norm = Norm(c.norm, c.norm_eps, rules, model.param_dtype,
+                name=f"{name}_norm")
+    return activation(norm(activation(x_BxSxD, GATHERED, rules)), GATHERED,
+                      rules)
+
+
+def _position_bias(model: EncoderDecoder, name: str, s: int,
+                   decoder: bool) -> jax.Array:
+  """bias_KxGxSxS in f32 from the stack's bucket table (buckets × heads),
+  looked up locally like the embedding."""
+  c, rules = model.cfg, model.rules
+  table_RxN = weight(model, f"{name}_relative_bias",
+                     (c.relative_buckets, c.n_heads), (None, "heads"), rules,
+                     jnp.float32, model.param_dtype,
+                     init=nn.initializers.normal(1.0))
+  pos = jnp.arange(s)
+  bucket_SxS = relative_position_bucket(
+      pos[None, :] - pos[:, None], not decoder, c.relative_buckets,
+      c.relative_max_distance)
+  bias_SxSxN = lookup(table_RxN, bucket_SxS, rules, (None, None), "heads")
+  return group_heads(jnp.transpose(bias_SxSxN, (2, 0, 1)),
+                     ("heads", None, None), c.n_kv_heads, rules)
