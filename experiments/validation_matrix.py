@@ -114,7 +114,7 @@ COLUMNS = ("#", "model", "part", "topology", "mesh", "batch", "seq", "remat",
            "peak-ovh err", "coll sym GiB", "coll HLO GiB", "coll err",
            "compile s")
 _DEFAULTS = (("shard", "zero3"), ("precision", "mixed"), ("attention", "flash"),
-             ("loss_chunks", 1))
+             ("loss_chunks", 1), ("target_seq", 0))
 
 
 def _settings(c: dict) -> str:
