@@ -41,7 +41,9 @@ def define_model_flags() -> None:
 def define_train_flags() -> None:
   d = S.TrainSettings()
   flags.DEFINE_integer("batch", d.batch, "global batch in sequences")
-  flags.DEFINE_integer("seq", d.seq, "sequence length in tokens")
+  flags.DEFINE_integer("seq", d.seq, "sequence length in tokens (an "
+                       "encoder-decoder's encoder length)")
+  define_target_seq_flag()
   flags.DEFINE_string("remat", d.remat, f"remat policy: {S.REMAT_HELP}")
   flags.DEFINE_enum("attention", d.attention, list(S.ATTENTIONS),
                     "attention kernel")
@@ -64,6 +66,13 @@ def define_worker_flags() -> None:
   flags.DEFINE_string("ray_address", None, "compile on Ray: ray://HOST:PORT "
                       "or auto (a running cluster), local (start one here "
                       "with --workers CPUs); needs pip install -e '.[ray]'")
+
+
+def define_target_seq_flag() -> None:
+  """--target_seq (the sweep's too)."""
+  flags.DEFINE_integer("target_seq", S.TrainSettings().target_seq,
+                       "an encoder-decoder's decoder (target) length in "
+                       "tokens; 0: the same as --seq")
 
 
 def define_finetune_flags() -> None:
@@ -104,9 +113,10 @@ def define_adapter_flags() -> None:
 
 def train_settings() -> S.TrainSettings:
   f = flags.FLAGS
-  return S.TrainSettings(batch=f.batch, seq=f.seq, remat=f.remat,
-                         attention=f.attention, optimizer=f.optimizer,
-                         precision=f.precision, shard=f.shard,
+  return S.TrainSettings(batch=f.batch, seq=f.seq, target_seq=f.target_seq,
+                         remat=f.remat, attention=f.attention,
+                         optimizer=f.optimizer, precision=f.precision,
+                         shard=f.shard,
                          loss_chunks=f.loss_chunks, grad_accum=f.grad_accum,
                          lora_rank=f.lora_rank,
                          lora_targets=tuple(f.lora_targets),
@@ -245,7 +255,9 @@ def model_and_plan():
 
 def settings_line(name: str, settings: S.TrainSettings) -> str:
   """One line naming the model and every train setting, for report headers."""
-  return (f"{name}: batch {settings.batch} x seq {settings.seq}, remat "
+  return (f"{name}: batch {settings.batch} x seq {settings.seq}" + (
+              f" (decoder {settings.target_seq})" if settings.target_seq
+              else "") + ", remat "
           f"{settings.remat}, attention {settings.attention}, "
           f"{settings.optimizer}/{settings.precision}, X shards {settings.shard},"
           f" loss_chunks {settings.loss_chunks}" + (

@@ -7,7 +7,9 @@
 DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs_all_cold` tables
 (simulator.formulas.deepspeed_table; its "GB" is 2^30 bytes) for every
 offload and zero_init option, from the traced model's total and largest-
-module parameter counts (simulator.inventory) or from the counts given.
+module parameter counts (simulator.inventory) or from the counts given; for
+ZeRO-3 also seed 003's three GPU cases (`--model=t5_large
+--num_gpus_per_node=4` is its t5-large example: 3291/125/477 MB).
 --formula=seed prints ZeRO-2's GPU column as seed 003 shows it (4Ψ + 16Ψ/N);
 the default is DeepSpeed's current code (2Ψ + 18Ψ/N). With --model, the
 same setting traced by this simulator follows: per-GPU model states
@@ -57,6 +59,11 @@ def main(argv) -> None:
   print(formulas.deepspeed_table(stage, total, largest,
                                  FLAGS.num_gpus_per_node, FLAGS.num_nodes,
                                  current=FLAGS.formula == "current"))
+  if stage == 3:
+    gpus = FLAGS.num_gpus_per_node * FLAGS.num_nodes
+    print(f"\nseed 003's ZeRO-3 GPU cases on {gpus} GPUs (its MB: 2^20 "
+          f"bytes):\n" + formulas.deepspeed_zero3_gpu_cases(total, largest,
+                                                            gpus))
   if stage == 2 and FLAGS.formula == "current":
     seed = formulas.deepspeed_zero2_model_states_mem_needs(
         total, FLAGS.num_gpus_per_node, FLAGS.num_nodes, False)

@@ -55,7 +55,9 @@ def define_flags() -> None:
       "runs go under --logdir")
   flags.DEFINE_list("batches", ["32", "64", "128", "256", "512"],
                     "global batch sizes in sequences")
-  flags.DEFINE_integer("seq", 256, "sequence length in tokens")
+  flags.DEFINE_integer("seq", 256, "sequence length in tokens (an "
+                       "encoder-decoder's encoder length)")
+  cli.define_target_seq_flag()
   flags.DEFINE_list("remats", ["full"], f"remat policies ({S.REMAT_HELP}); "
                     "names:qkv,mlp_in keeps its commas")
   flags.DEFINE_list("shards", ["zero3"], f"sharding choices: {', '.join(S.SHARDS)}")
@@ -97,7 +99,7 @@ def spec_from_flags():
       model=FLAGS.model, topology=FLAGS.topology,
       batches=_ints("batches", FLAGS.batches), remats=join_remats(FLAGS.remats),
       shards=tuple(FLAGS.shards), optimizers=tuple(FLAGS.optimizers),
-      seq=FLAGS.seq, attention=FLAGS.attention, precision=FLAGS.precision,
+      seq=FLAGS.seq, target_seq=FLAGS.target_seq, attention=FLAGS.attention, precision=FLAGS.precision,
       meshes=(parse_mesh(FLAGS.mesh),) if FLAGS.mesh else None,
       grad_accum=FLAGS.grad_accum, lora_rank=FLAGS.lora_rank,
       lora_targets=tuple(FLAGS.lora_targets), base_quant=FLAGS.base_quant,
@@ -118,9 +120,9 @@ def run_dir_for(logdir: str, name: str, resume: bool) -> str:
 
 
 RUN_SETTINGS = "run.json"  # what a run's results depend on, for --resume
-_IDENTITY = ("model", "topology", "seq", "attention", "precision",
-             "grad_accum", "lora_rank", "lora_targets", "base_quant",
-             "offload")
+_IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
+             "precision", "grad_accum", "lora_rank", "lora_targets",
+             "base_quant", "offload")
 
 
 def check_run_settings(run_dir: str, spec) -> None:

@@ -29,8 +29,9 @@ GEMMA_2B = "models/configs/gemma-2b.json"
 SETTING_DEFAULTS = (("shard", "zero3"), ("precision", "mixed"),
                     ("attention", "flash"), ("loss_chunks", 1),
                     ("grad_accum", 1), ("lora_rank", 0), ("base_quant", "none"),
-                    ("offload", ()))
+                    ("offload", ()), ("target_seq", 0))
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
+T5_V1_1_SMALL = "models/configs/t5-v1_1-small.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Case:
   lora_rank: int = 0
   base_quant: str = "none"
   offload: tuple[str, ...] = ()
+  target_seq: int = 0  # an encoder-decoder's decoder length
 
   def settings(self) -> TrainSettings:
     fields = {f.name for f in dataclasses.fields(TrainSettings)}
@@ -178,4 +180,13 @@ CASES: list[Case] = [
           offload=("optimizer", "params")),
     Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", C,
           lora_rank=16, base_quant="nf4", offload=("params",)),
+    # Encoder-decoders (T5 v1.0 tied and ReLU, v1.1 gated-GELU and untied),
+    # added after the memory rules; none was tuned on.
+    Case("t5_large", "v5p-8", "4x1", 16, 512, "full", "adamw", C,
+          target_seq=128),
+    Case(T5_V1_1_SMALL, "v5p-8", "2x2", 32, 512, "dots", "adamw", C),
+    Case("t5_3b", "v5p-32", "8x2", 32, 512, "full", "adamw", C,
+          target_seq=128),
+    Case(T5_V1_1_SMALL, "v5p-16", "8x1", 16, 1024, "none", "adamw", C,
+          attention="materialized", target_seq=256),
 ]

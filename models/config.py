@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 NORMS = ("rms", "layer", "none")
-POSITIONS = ("rope", "learned", "none")
+POSITIONS = ("rope", "learned", "relative", "none")
 MLPS = ("swiglu", "geglu", "gelu", "relu", "linear")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """A decoder-only LM (or the attention-free XXL FFN stack when attention=False).
+  """A decoder-only LM (or the attention-free XXL FFN stack when attention=False),
+  or with `encoder_layers` > 0 an encoder-decoder (T5: models.encoder_decoder),
+  whose decoder has `n_layers` layers.
 
   `linear` MLP is two matmuls with no activation (seed 004's XXL model).
   `parallel_block`: one norm feeds attention and the MLP, whose outputs are
@@ -40,6 +42,16 @@ class ModelConfig:
   rope_theta: float = 10000.0
   embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(d_model)
   parallel_block: bool = False  # attention and MLP side by side (PaLM)
+  encoder_layers: int = 0  # > 0: an encoder-decoder (T5)
+  # T5's relative position buckets (positions="relative"): half of them for
+  # each direction in the encoder, distances up to `relative_max_distance`
+  # spread over the upper half logarithmically.
+  relative_buckets: int = 32
+  relative_max_distance: int = 128
+
+  @property
+  def encoder_decoder(self) -> bool:
+    return self.encoder_layers > 0
 
   def __post_init__(self):
     positive = ["d_model", "n_layers", "d_ff"]
@@ -64,5 +76,23 @@ class ModelConfig:
                        f"multiple of n_kv_heads={self.n_kv_heads}")
     if self.parallel_block and not self.attention:
       raise ValueError(f"model {self.name!r}: parallel_block needs attention")
+    if not isinstance(self.encoder_layers, int) or self.encoder_layers < 0:
+      raise ValueError(f"model {self.name!r}: encoder_layers="
+                       f"{self.encoder_layers!r} must be an integer >= 0")
+    if (self.positions == "relative") != self.encoder_decoder:
+      raise ValueError(f"model {self.name!r}: relative positions go with an "
+                       f"encoder (T5) and only there; got positions="
+                       f"{self.positions!r}, encoder_layers={self.encoder_layers}")
+    if self.encoder_decoder and (not self.attention or not self.embeddings
+                                 or self.parallel_block):
+      raise ValueError(f"model {self.name!r}: an encoder-decoder needs "
+                       "attention and embeddings, and no parallel_block")
+    if self.positions == "relative" and not (
+        self.relative_buckets >= 4 and self.relative_buckets % 2 == 0
+        and self.relative_max_distance > self.relative_buckets // 2):
+      raise ValueError(f"model {self.name!r}: relative_buckets="
+                       f"{self.relative_buckets} must be even and >= 4, and "
+                       f"relative_max_distance={self.relative_max_distance} "
+                       f"above half of it")
     if self.tie_embeddings and not self.embeddings:
       raise ValueError(f"model {self.name!r}: tie_embeddings needs embeddings")

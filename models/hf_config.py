@@ -8,14 +8,19 @@ import os
 
 from models.config import ModelConfig
 
-FAMILIES = ("llama", "mistral", "qwen2", "gemma")
+FAMILIES = ("llama", "mistral", "qwen2", "gemma", "t5")
+# T5's feed_forward_proj (HF T5Config) → ModelConfig.mlp; "gated-gelu" is
+# v1.1's (HF runs it with gelu_new, the tanh approximation, as jax.nn.gelu).
+T5_MLPS = {"relu": "relu", "gelu": "gelu", "gated-gelu": "geglu"}
 
 
 # Sizes a config names: each a positive integer (not a bool, not a float
 # like 1e12), below 2**31 (what the traced program's int32 indices reach).
 _SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers",
           "intermediate_size", "vocab_size", "num_key_value_heads", "head_dim",
-          "max_position_embeddings")
+          "max_position_embeddings", "d_model", "d_kv", "d_ff", "num_layers",
+          "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
+          "relative_attention_max_distance", "n_positions")
 
 
 def _require(raw: dict, key: str, path: str):
@@ -34,6 +39,50 @@ def _check_sizes(raw: dict, path: str) -> None:
             and 0 < value < 2**31):
       raise ValueError(f"{path}: {key}={value!r} must be a positive integer "
                        "below 2**31")
+
+
+def _name(path: str) -> str:
+  return os.path.splitext(os.path.basename(path))[0]
+
+
+def _positive_number(raw: dict, key: str, path: str) -> None:
+  value = raw.get(key)
+  if value is not None and not (isinstance(value, (int, float))
+                                and not isinstance(value, bool)
+                                and math.isfinite(value) and value > 0):
+    raise ValueError(f"{path}: {key}={value!r} must be a positive finite "
+                     "number")
+
+
+def _t5(raw: dict, path: str) -> ModelConfig:
+  """A T5 config.json (HF T5Config's keys and defaults): v1.0 (t5-large)
+  or v1.1 (feed_forward_proj "gated-gelu", tie_word_embeddings false)."""
+  get = lambda key: _require(raw, key, path)
+  proj = raw.get("feed_forward_proj", "relu")
+  if proj not in T5_MLPS:
+    raise ValueError(f"{path}: feed_forward_proj={proj!r} is not supported; "
+                     f"valid: {', '.join(T5_MLPS)}")
+  _positive_number(raw, "layer_norm_epsilon", path)
+  n_heads = get("num_heads")
+  return ModelConfig(
+      name=_name(path),
+      d_model=get("d_model"),
+      n_layers=raw.get("num_decoder_layers") or get("num_layers"),
+      encoder_layers=get("num_layers"),
+      d_ff=get("d_ff"),
+      vocab_size=get("vocab_size"),
+      n_heads=n_heads,
+      n_kv_heads=n_heads,
+      head_dim=get("d_kv"),
+      max_len=raw.get("n_positions", 512),
+      norm="rms",
+      positions="relative",
+      mlp=T5_MLPS[proj],
+      tie_embeddings=bool(raw.get("tie_word_embeddings", True)),
+      norm_eps=float(raw.get("layer_norm_epsilon") or 1e-6),
+      relative_buckets=raw.get("relative_attention_num_buckets", 32),
+      relative_max_distance=raw.get("relative_attention_max_distance", 128),
+  )
 
 
 def from_hf_config(path: str) -> ModelConfig:
@@ -56,6 +105,8 @@ def from_hf_config(path: str) -> ModelConfig:
     raise ValueError(f"{path}: model_type={family!r} is not supported; valid: "
                      f"{', '.join(FAMILIES)}")
   _check_sizes(raw, path)
+  if family == "t5":
+    return _t5(raw, path)
   get = lambda key: _require(raw, key, path)
   d_model, n_heads = get("hidden_size"), get("num_attention_heads")
   if not all(isinstance(v, int) and v > 0 for v in (d_model, n_heads)):
@@ -66,15 +117,10 @@ def from_hf_config(path: str) -> ModelConfig:
                      f"num_attention_heads={n_heads}; give head_dim")
   head_dim = raw.get("head_dim") or d_model // n_heads
   for key in ("rms_norm_eps", "rope_theta"):
-    value = raw.get(key)
-    if value is not None and not (isinstance(value, (int, float))
-                                  and not isinstance(value, bool)
-                                  and math.isfinite(value) and value > 0):
-      raise ValueError(f"{path}: {key}={value!r} must be a positive finite "
-                       "number")
+    _positive_number(raw, key, path)
   gemma = family == "gemma"
   return ModelConfig(
-      name=os.path.splitext(os.path.basename(path))[0],
+      name=_name(path),
       d_model=d_model,
       n_layers=get("num_hidden_layers"),
       d_ff=get("intermediate_size"),

@@ -11,19 +11,31 @@ import jax
 import jax.numpy as jnp
 
 from models.config import ModelConfig
+from models.encoder_decoder import EncoderDecoder
 from models.transformer import Decoder
 
 
-def sample_inputs(cfg: ModelConfig, batch: int = 1, seq: int = 1):
-  """Unsharded stand-ins for (inputs, targets): token ids, or XXL activations."""
+def module_class(cfg: ModelConfig) -> type[nn.Module]:
+  """The module that runs `cfg`: both take the same attributes and return
+  the loss of the batch passed by keyword (`sample_inputs`' keys)."""
+  return EncoderDecoder if cfg.encoder_decoder else Decoder
+
+
+def sample_inputs(cfg: ModelConfig, batch: int = 1, seq: int = 1
+                  ) -> dict[str, jax.ShapeDtypeStruct]:
+  """Unsharded stand-ins for the model's batch: token ids (an encoder-
+  decoder's decoder ids too), or XXL activations."""
+  if cfg.encoder_decoder:
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+    return {"inputs": ids, "decoder_inputs": ids, "targets": ids}
   if cfg.embeddings:
     ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-    return ids, ids
+    return {"inputs": ids, "targets": ids}
   acts = jax.ShapeDtypeStruct((batch, seq, cfg.d_model), jnp.bfloat16)
-  return acts, acts
+  return {"inputs": acts, "targets": acts}
 
 
-def abstract_params(model: Decoder) -> tuple[Any, Any]:
+def abstract_params(model: nn.Module) -> tuple[Any, Any]:
   """(ShapeDtypeStruct tree, tree of logical axis-name tuples).
 
   Params do not depend on remat, attention kernel or loss chunking (LoRA
@@ -38,15 +50,15 @@ def abstract_params(model: Decoder) -> tuple[Any, Any]:
 @functools.lru_cache(maxsize=16)
 def _abstract_params(cfg, rules, dtype, param_dtype, lora=(0, ()),
                      quant="none"):
-  model = Decoder(cfg, rules, dtype=dtype, param_dtype=param_dtype, lora=lora,
-                  quant=quant)
+  model = module_class(cfg)(cfg, rules, dtype=dtype, param_dtype=param_dtype,
+                            lora=lora, quant=quant)
   boxed = jax.eval_shape(model.init, jax.random.key(0),
-                         *sample_inputs(model.cfg))["params"]
+                         **sample_inputs(model.cfg))["params"]
   names = jax.tree.map(lambda b: b.names, boxed,
                        is_leaf=lambda x: isinstance(x, nn.Partitioned))
   return nn.unbox(boxed), names
 
 
 def num_params(cfg: ModelConfig) -> int:
-  leaves, _ = abstract_params(Decoder(cfg))
+  leaves, _ = abstract_params(module_class(cfg)(cfg))
   return sum(math.prod(p.shape) for p in jax.tree.leaves(leaves))

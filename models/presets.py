@@ -7,6 +7,10 @@ from models.config import ModelConfig
 _GPT = dict(norm="layer", positions="learned", mlp="gelu", tie_embeddings=True,
             bias=True, vocab_size=50257)
 _LLAMA2 = dict(vocab_size=32000, max_len=4096, norm_eps=1e-5)
+# T5 v1.0 (Raffel et al. 2020; HF t5-* config.json): ReLU MLP, tied head,
+# 32 relative buckets up to distance 128, eps 1e-6, vocabulary 32128.
+_T5 = dict(vocab_size=32128, norm="rms", positions="relative", mlp="relu",
+           tie_embeddings=True, norm_eps=1e-6, max_len=512)
 _LLAMA3 = dict(vocab_size=128256, max_len=8192, rope_theta=500000.0)
 
 PRESETS: dict[str, ModelConfig] = {
@@ -36,8 +40,21 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("xxl_ffn", d_model=16384, n_layers=126, d_ff=53248,
                     attention=False, embeddings=False, norm="none",
                     positions="none", mlp="linear", final_norm=False),
+        # 737,668,096 params; 2,851,598,336; 11,307,321,344 (HF t5-large,
+        # t5-3b, t5-11b: 24 encoder and 24 decoder layers each).
+        ModelConfig("t5_large", d_model=1024, n_layers=24, encoder_layers=24,
+                    d_ff=4096, n_heads=16, n_kv_heads=16, head_dim=64, **_T5),
+        ModelConfig("t5_3b", d_model=1024, n_layers=24, encoder_layers=24,
+                    d_ff=16384, n_heads=32, n_kv_heads=32, head_dim=128,
+                    **_T5),
+        ModelConfig("t5_11b", d_model=1024, n_layers=24, encoder_layers=24,
+                    d_ff=65536, n_heads=128, n_kv_heads=128, head_dim=128,
+                    **_T5),
         # Small enough to trace and compile in a unit test.
         ModelConfig("tiny", d_model=64, n_layers=2, d_ff=128, n_heads=4,
                     n_kv_heads=2, head_dim=16, vocab_size=256, max_len=128),
+        ModelConfig("tiny_t5", d_model=64, n_layers=2, encoder_layers=2,
+                    d_ff=128, n_heads=4, n_kv_heads=4, head_dim=16,
+                    **{**_T5, "vocab_size": 256}),
     ]
 }

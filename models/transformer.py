@@ -42,19 +42,26 @@ def _reshape(x: jax.Array, shape, rules: AxisRules, names) -> jax.Array:
   return jnp.reshape(x, shape, out_sharding=rules.spec("activations", names))
 
 
-def _group_heads(q_BxSxNxH: jax.Array, n_kv_heads: int,
-                 rules: AxisRules) -> jax.Array:
-  """q's heads split as (kv head, group). The mesh axis that shards the
-  heads lands on the kv-head dim when it shards the kv heads too, else on
-  the group dim (kv heads replicated: simulator.step.kv_heads_replicated)."""
-  b, s, n, h = q_BxSxNxH.shape
+def group_heads(x: jax.Array, names, n_kv_heads: int,
+                rules: AxisRules) -> jax.Array:
+  """x's `heads` dim (x's logical names: `names`) split as (kv head, group):
+  q_BxSxNxH → q_BxSxKxGxH, a position bias N×S×T → K×G×S×T. The mesh axis
+  that shards the heads lands on the kv-head dim when it shards the kv heads
+  too, else on the group dim (kv heads replicated:
+  simulator.step.kv_heads_replicated)."""
+  i = list(names).index("heads")
   kv = dict(rules.activations).get("kv_heads")
-  names = ("batch", "length", "kv_heads", None if kv else "heads", "kv")
-  return _reshape(q_BxSxNxH, (b, s, n_kv_heads, n // n_kv_heads, h), rules,
-                  names)
+  shape = (*x.shape[:i], n_kv_heads, x.shape[i] // n_kv_heads,
+           *x.shape[i + 1:])
+  grouped = (*names[:i], "kv_heads", None if kv else "heads", *names[i + 1:])
+  return _reshape(x, shape, rules, grouped)
 
 
 class Attention(nn.Module):
+  """Self-attention over x, or with `context_BxTxD` cross-attention (keys
+  and values from the context); `bias_KxGxSxT` is added to the scores and
+  `scale` multiplies them (models.attention)."""
+
   cfg: ModelConfig
   rules: AxisRules
   impl: str
@@ -62,10 +69,14 @@ class Attention(nn.Module):
   param_dtype: jnp.dtype
   lora: tuple = (0, ())  # (rank, the projections that get an adapter)
   quant: str = "none"  # the projections stored quantized (models.quant)
+  causal: bool = True
+  scale: float | None = None  # None: 1/sqrt(head_dim)
 
   @nn.compact
-  def __call__(self, x_BxSxD: jax.Array) -> jax.Array:
+  def __call__(self, x_BxSxD: jax.Array, context_BxTxD: jax.Array | None = None,
+               bias_KxGxSxT: jax.Array | None = None) -> jax.Array:
     c = self.cfg
+    kv_in = x_BxSxD if context_BxTxD is None else context_BxTxD
     common = dict(rules=self.rules, dtype=self.dtype,
                   param_dtype=self.param_dtype, bias_dims=2, quant=self.quant)
     rank = lambda name: self.lora[0] if name in self.lora[1] else 0
@@ -74,13 +85,15 @@ class Attention(nn.Module):
         ("batch", "length", axis, "kv"), bias=c.bias or c.qkv_bias, name=name,
         lora_rank=rank(name), **common)
     q = proj("q", c.n_heads, "heads")(x_BxSxD)
-    k = proj("k", c.n_kv_heads, "kv_heads")(x_BxSxD)
-    v = proj("v", c.n_kv_heads, "kv_heads")(x_BxSxD)
+    k = proj("k", c.n_kv_heads, "kv_heads")(kv_in)
+    v = proj("v", c.n_kv_heads, "kv_heads")(kv_in)
     if c.positions == "rope":
       q, k = _rope(q, c.rope_theta), _rope(k, c.rope_theta)
     q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
-    q_BxSxKxGxH = _group_heads(q, c.n_kv_heads, self.rules)
-    o = attention.attend(self.impl, q_BxSxKxGxH, k, v)
+    q_BxSxKxGxH = group_heads(q, ("batch", "length", "heads", "kv"),
+                              c.n_kv_heads, self.rules)
+    o = attention.attend(self.impl, q_BxSxKxGxH, k, v, bias_KxGxSxT,
+                         self.causal, self.scale)
     o_BxSxNxH = checkpoint_name(_reshape(
         o, q.shape, self.rules, ("batch", "length", "heads", "kv")), "attn_out")
     return checkpoint_name(Dense(
@@ -148,13 +161,7 @@ class Decoder(nn.Module):
       x = self._embed(table_VxD.astype(self.dtype), inputs)
     else:
       x = activation(inputs.astype(self.dtype), RESIDUAL, self.rules)
-    block = Block
-    remat_policy = policy(self.remat)
-    if self.remat != "none":
-      block = nn.remat(Block, policy=remat_policy, prevent_cse=False)
-    blocks = nn.scan(block, variable_axes={"params": 0},
-                     split_rngs={"params": True}, length=c.n_layers,
-                     metadata_params={nn.PARTITION_NAME: "layers"})
+    blocks = scanned(Block, c.n_layers, self.remat)
     with jax.named_scope(scopes.LAYERS):
       x, _ = blocks(c, self.rules, self.attention, self.dtype,
                     self.param_dtype, self.lora, self.quant,
@@ -174,11 +181,11 @@ class Decoder(nn.Module):
       w_DxV = weight(self, "output", (c.d_model, c.vocab_size),
                      ("embed", "vocab"), *args)
     with jax.named_scope(scopes.LOSS):
-      return _chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
+      return chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
 
   def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array) -> jax.Array:
     c = self.cfg
-    x = _lookup(table_VxD, ids_BxS, self.rules)
+    x = lookup(table_VxD, ids_BxS, self.rules)
     if c.embed_scale:
       x = x * jnp.sqrt(c.d_model).astype(self.dtype)
     if c.positions == "learned":
@@ -190,23 +197,36 @@ class Decoder(nn.Module):
     return x
 
 
-def _lookup(table_VxD: jax.Array, ids_BxS: jax.Array,
-            rules: AxisRules) -> jax.Array:
-  """Embedding gather, local to each device once the table is laid out by D.
+def scanned(block: type[nn.Module], n_layers: int, remat: str):
+  """`block` under nn.scan over `n_layers` layers (params stacked on the
+  `layers` logical axis), rematerialized by the named policy; arguments after
+  the carried residual stream are the same for every layer (broadcast)."""
+  if remat != "none":
+    block = nn.remat(block, policy=policy(remat), prevent_cse=False)
+  return nn.scan(block, variable_axes={"params": 0},
+                 split_rngs={"params": True}, in_axes=nn.broadcast,
+                 length=n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
 
-  The table is resharded to replicate the vocab dim and shard D like the
-  residual stream; the lookup then needs no collective (shard_map makes that
-  explicit, since Explicit-mode gather would replicate everything).
+
+def lookup(table_VxD: jax.Array, ids: jax.Array, rules: AxisRules,
+           ids_names=("batch", "length"), width: str = "embed") -> jax.Array:
+  """Rows of a table (V rows of width D, the embedding) at integer ids, local
+  to each device once the table is laid out by its width.
+
+  The table is resharded to replicate the row dim and shard D like the
+  output's last dim (`width`: the residual stream's embed); the lookup then
+  needs no collective (shard_map makes that explicit, since Explicit-mode
+  gather would replicate everything).
   """
   if jax.sharding.get_abstract_mesh().empty:
-    return jnp.take(table_VxD, ids_BxS, axis=0)
-  table_spec = rules.spec("activations", (None, "embed"))
-  ids_spec = rules.spec("activations", ("batch", "length"))
-  out_spec = rules.spec("activations", RESIDUAL)
+    return jnp.take(table_VxD, ids, axis=0)
+  table_spec = rules.spec("activations", (None, width))
+  ids_spec = rules.spec("activations", ids_names)
+  out_spec = rules.spec("activations", (*ids_names, width))
   table_VxD = jax.sharding.reshard(table_VxD, table_spec)
   return jax.shard_map(lambda t, i: jnp.take(t, i, axis=0),
                        in_specs=(table_spec, ids_spec), out_specs=out_spec)(
-                           table_VxD, ids_BxS)
+                           table_VxD, ids)
 
 
 def _loss(x_BxSxD, w_DxV, targets_BxS, rules):
@@ -224,7 +244,7 @@ def _loss(x_BxSxD, w_DxV, targets_BxS, rules):
   return jnp.sum(lse_BxS - target_BxS)
 
 
-def _chunked_loss(x_BxSxD, w_DxV, targets_BxS, chunks: int, rules):
+def chunked_loss(x_BxSxD, w_DxV, targets_BxS, chunks: int, rules):
   b, s, d = x_BxSxD.shape
   if chunks == 1:
     return _loss(x_BxSxD, w_DxV, targets_BxS, rules) / float(b * s)

@@ -49,9 +49,9 @@ def rescale(shape, batch: int, probe_batch: int) -> tuple[int, ...]:
                for d in shape)
 
 
-def check_config(cfg: ModelConfig, seq: int) -> None:
+def check_config(cfg: ModelConfig, *seqs: int) -> None:
   dims = [v for v in dataclasses.astuple(cfg) if isinstance(v, int)
-          and not isinstance(v, bool)] + [seq]
+          and not isinstance(v, bool)] + list(seqs)
   bad = [d for d in dims if d and d % PROBE == 0]
   if bad:
     raise ValueError(f"model dimension {bad[0]} is a multiple of the probe "
@@ -71,6 +71,6 @@ def probe_settings(cfg: ModelConfig, settings: TrainSettings,
                    devices: int) -> TrainSettings:
   """`settings` at the probe batch for a mesh of `devices` chips: PROBE
   sequences per device in each micro-batch (grad_accum of them)."""
-  check_config(cfg, settings.seq)
+  check_config(cfg, settings.seq, settings.target_seq)
   return dataclasses.replace(settings,
                              batch=PROBE * devices * settings.grad_accum)

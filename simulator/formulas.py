@@ -199,6 +199,23 @@ def deepspeed_zero3_model_states_mem_needs(
   return HostDeviceBytes(cpu=int(cpu), gpu=int(gpu))
 
 
+def deepspeed_zero3_gpu_cases(total_params: int, largest_layer_params: int,
+                              total_gpus: int) -> str:
+  """Seed 003's ZeRO-3 GPU-memory discussion (its t5-large example), line
+  for line: 4·largest_layer, then case 1 (nothing offloaded), case 2
+  (params and optimizer offloaded), case 3 (optimizer offloaded) per GPU,
+  in its "MB" (bytes >> 20, i.e. MiB)."""
+  gpu = lambda opt, par: deepspeed_zero3_model_states_mem_needs(
+      total_params, largest_layer_params, total_gpus, 1, opt, par).gpu
+  return "\n".join([
+      f"total params:         {total_params / 1e6:6.2f}M",
+      f"largest layer params: {largest_layer_params / 1e6:6.2f}M",
+      f"largest layer memory: {(4 * largest_layer_params) >> 20:6}MB",
+      f"case1 gpu memory: {gpu(False, False) >> 20:6}MB",
+      f"case2 gpu memory: {gpu(True, True) >> 20:6}MB",
+      f"case3 gpu memory: {gpu(True, False) >> 20:6}MB"])
+
+
 class LinearStaticBytes(NamedTuple):
   """Calculon's static memory of one linear layer, in bytes."""
 

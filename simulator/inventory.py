@@ -11,7 +11,7 @@ import jax
 
 from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
-from models.params import abstract_params
+from models.params import abstract_params, module_class
 from simulator.settings import TrainSettings
 from simulator.step import (device_bytes, device_shape, kv_heads_replicated,
                             lay_out_params, make_model, pad_vocab, step_rules,
@@ -90,8 +90,7 @@ def largest_module_params(cfg: ModelConfig) -> int:
   estimator finds its "largest layer": a module's own leaves (a Dense's
   kernel and bias), one layer's share of the scanned stack (its leading
   `layers` dim divided out); the embedding table is a module of its own."""
-  from models.transformer import Decoder
-  leaves, names = abstract_params(Decoder(cfg))
+  leaves, names = abstract_params(module_class(cfg)(cfg))
   flat = jax.tree_util.tree_flatten_with_path(leaves)[0]
   flat_names = jax.tree.leaves(names, is_leaf=lambda x: isinstance(x, tuple))
   by_module: dict[tuple, int] = collections.Counter()

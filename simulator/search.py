@@ -74,6 +74,7 @@ class SweepSpec:
   shards: tuple[str, ...] = ("zero3",)
   optimizers: tuple[str, ...] = ("adamw",)
   seq: int = 2048
+  target_seq: int = 0  # an encoder-decoder's decoder length; 0: seq
   attention: str = "flash"
   precision: str = "mixed"
   meshes: tuple[tuple[int, int], ...] | None = None
@@ -102,9 +103,10 @@ class SweepSpec:
 
   def settings(self, batch: int, remat: str, shard: str,
                optimizer: str) -> TrainSettings:
-    return TrainSettings(batch=batch, seq=self.seq, remat=remat,
-                         attention=self.attention, optimizer=optimizer,
-                         precision=self.precision, shard=shard,
+    return TrainSettings(batch=batch, seq=self.seq, target_seq=self.target_seq,
+                         remat=remat, attention=self.attention,
+                         optimizer=optimizer, precision=self.precision,
+                         shard=shard,
                          grad_accum=self.grad_accum, lora_rank=self.lora_rank,
                          lora_targets=tuple(self.lora_targets),
                          base_quant=self.base_quant,

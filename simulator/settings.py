@@ -18,10 +18,12 @@ OFFLOADS = ("optimizer", "params")  # state kept in pinned host memory
 
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
-  """batch is the global batch in sequences; seq the sequence length."""
+  """batch is the global batch in sequences; seq the sequence length (an
+  encoder-decoder's encoder length; its decoder's is target_seq, 0: seq)."""
 
   batch: int = 8
   seq: int = 2048
+  target_seq: int = 0
   remat: str = "full"
   attention: str = "flash"
   optimizer: str = "adamw"
@@ -50,6 +52,9 @@ class TrainSettings:
       raise ValueError(f"batch={self.batch} is not a multiple of grad_accum="
                        f"{self.grad_accum}; the step runs batch/grad_accum "
                        f"sequences per micro-batch")
+    if not isinstance(self.target_seq, int) or self.target_seq < 0:
+      raise ValueError(f"target_seq={self.target_seq!r} must be an integer >= "
+                       "0 (0: the same as seq)")
     if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
       raise ValueError(f"lora_rank={self.lora_rank!r} must be an integer >= 0"
                        " (0: full fine-tuning)")
@@ -70,6 +75,11 @@ class TrainSettings:
                        f"valid: {', '.join(OFFLOADS)}")
     from models.remat import policy  # validates the remat spec
     policy(self.remat)
+
+  @property
+  def decoder_seq(self) -> int:
+    """An encoder-decoder's target (decoder) length."""
+    return self.target_seq or self.seq
 
   @property
   def tokens(self) -> int:

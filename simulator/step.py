@@ -20,9 +20,9 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models.config import ModelConfig
-from models.params import abstract_params
+from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, rules_for
-from models.transformer import RESIDUAL, Decoder
+from models.transformer import RESIDUAL
 from simulator.optimizers import PRECISION, make_optimizer
 from simulator.settings import TrainSettings
 
@@ -51,7 +51,7 @@ class Step:
   opt_state: Tree
   batch: Tree
   param_names: Tree  # logical axis names per param leaf
-  model: Decoder
+  model: Any  # models.params.module_class(cfg)
   rules: AxisRules
   vocab_padding: int  # rows added so Y divides the vocabulary, as Megatron does
   grad_accum: int = 1  # micro-batches per step
@@ -62,21 +62,28 @@ class Step:
     return self.params, self.opt_state, self.batch
 
 
-def make_model(cfg: ModelConfig, settings: TrainSettings,
-               rules: AxisRules) -> Decoder:
-  return Decoder(cfg, rules=rules, remat=settings.remat,
-                 attention=settings.attention,
-                 loss_chunks=settings.loss_chunks,
-                 param_dtype=PRECISION[settings.precision].param_dtype,
-                 lora=(settings.lora_rank, tuple(settings.lora_targets)),
-                 quant=settings.base_quant)
+def make_model(cfg: ModelConfig, settings: TrainSettings, rules: AxisRules):
+  """The decoder, or the encoder-decoder, for these settings."""
+  return module_class(cfg)(
+      cfg, rules=rules, remat=settings.remat, attention=settings.attention,
+      loss_chunks=settings.loss_chunks,
+      param_dtype=PRECISION[settings.precision].param_dtype,
+      lora=(settings.lora_rank, tuple(settings.lora_targets)),
+      quant=settings.base_quant)
 
 
 def batch_shapes(cfg: ModelConfig, settings: TrainSettings,
                  rules: AxisRules) -> dict[str, tuple[tuple[int, ...], Any, P]]:
-  """Token ids and targets; for the embedding-free XXL stack, activations."""
+  """Token ids and targets (an encoder-decoder's: encoder ids of `seq`,
+  decoder ids and targets of `decoder_seq`); for the embedding-free XXL
+  stack, activations. The keys are the model's keyword arguments."""
   b, s = settings.batch, settings.seq
-  tokens = ((b, s), jnp.int32, rules.spec("activations", ("batch", "length")))
+  ids = lambda length: ((b, length), jnp.int32,
+                        rules.spec("activations", ("batch", "length")))
+  tokens = ids(s)
+  if cfg.encoder_decoder:
+    target = ids(settings.decoder_seq)
+    return {"inputs": tokens, "decoder_inputs": target, "targets": target}
   if cfg.embeddings:
     return {"inputs": tokens, "targets": tokens}
   acts = ((b, s, cfg.d_model), jnp.bfloat16, rules.spec("activations",
@@ -198,6 +205,10 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     raise ValueError(f"seq={settings.seq} exceeds {cfg.name}'s "
                      f"{cfg.max_len} learned positions; choose seq <= "
                      f"{cfg.max_len}")
+  if settings.target_seq and not cfg.encoder_decoder:
+    raise ValueError(f"target_seq={settings.target_seq}: {cfg.name} has no "
+                     "encoder; target_seq is an encoder-decoder's decoder "
+                     "length")
   rules, opt_rules, grad_rules = step_rules(cfg, settings, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = make_model(cfg, settings, rules)
@@ -235,7 +246,7 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     params = on_host(params)
 
   def loss_fn(p, batch):
-    return model.apply({"params": p}, batch["inputs"], batch["targets"])
+    return model.apply({"params": p}, **batch)
 
   def reshard_tree(tree, tree_specs):
     return jax.tree.map(jax.sharding.reshard, tree, tree_specs)

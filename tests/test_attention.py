@@ -25,6 +25,29 @@ def test_flash_matches_materialized_values_and_grads(qkv, monkeypatch):
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_with_a_bias_matches_materialized(qkv, monkeypatch, causal):
+  """T5's case: a trained bias on the scores, unscaled q·k, keys longer than
+  queries (cross-attention) or a bidirectional mask; the bias's gradient
+  too."""
+  monkeypatch.setattr(attention, "FLASH_BLOCK", 16)
+  q, k, v = qkv
+  if not causal:  # cross-attention: 32 queries over 64 keys
+    q = q[:, :32]
+  bias = jax.random.normal(jax.random.key(1), (2, 3, q.shape[1], k.shape[1]))
+  weights = jnp.sin(jnp.arange(16.0))
+  loss = lambda impl: lambda q, k, v, b: jnp.sum(attention.attend(
+      impl, q, k, v, b, causal, 1.0) * weights)
+  np.testing.assert_allclose(
+      attention.flash(q, k, v, bias, causal, 1.0),
+      attention.materialized(q, k, v, bias, causal, 1.0), atol=1e-5)
+  grads = [jax.grad(loss(impl), (0, 1, 2, 3))(q, k, v, bias)
+           for impl in ("flash", "materialized")]
+  for a, b in zip(*grads):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+  assert float(jnp.abs(grads[0][3]).sum()) > 0
+
+
 def test_flash_saves_no_scores(qkv):
   from simulator.trace import fused_residuals
   q, k, v = qkv

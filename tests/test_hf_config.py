@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import re
 
@@ -18,6 +19,11 @@ QWEN2_0_5B = {
     "num_attention_heads": 14, "num_hidden_layers": 24,
     "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
     "rope_theta": 1000000.0,
+}
+T5_LARGE = {  # HF t5-large's config.json (T5Config defaults for the rest)
+    "model_type": "t5", "d_model": 1024, "d_ff": 4096, "d_kv": 64,
+    "num_heads": 16, "num_layers": 24, "vocab_size": 32128,
+    "n_positions": 512, "relative_attention_num_buckets": 32,
 }
 GEMMA_2B = {
     "model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384,
@@ -52,6 +58,36 @@ def test_gemma_uses_its_head_dim_and_geglu(tmp_path):
   cfg = from_hf_config(_write(tmp_path, GEMMA_2B))
   assert (cfg.head_dim, cfg.mlp, cfg.tie_embeddings) == (256, "geglu", True)
   assert num_params(cfg) == 2_506_172_416
+
+
+def test_t5_large_config_is_the_preset(tmp_path):
+  cfg = from_hf_config(_write(tmp_path, T5_LARGE, "t5-large.json"))
+  assert cfg == dataclasses.replace(load_model("t5_large"), name="t5-large")
+  assert num_params(cfg) == 737_668_096
+
+
+def test_t5_v1_1_small_is_gated_gelu_and_untied():
+  """google/t5-v1_1-small (kept in models/configs): 76,961,152 parameters
+  as HF counts them, its lm_head untied."""
+  cfg = load_model("models/configs/t5-v1_1-small.json")
+  assert (cfg.mlp, cfg.tie_embeddings, cfg.encoder_layers, cfg.n_layers) == (
+      "geglu", False, 8, 8)
+  assert num_params(cfg) == 76_961_152
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({**T5_LARGE, "feed_forward_proj": "gated-silu"},
+     "feed_forward_proj='gated-silu' is not supported; valid: relu, gelu, "
+     "gated-gelu"),
+    ({k: v for k, v in T5_LARGE.items() if k != "d_kv"}, "missing 'd_kv'"),
+    ({**T5_LARGE, "relative_attention_num_buckets": 3},
+     "relative_buckets=3 must be even and >= 4"),
+    ({**T5_LARGE, "num_decoder_layers": 0.5}, "num_decoder_layers=0.5 must"),
+    ({**T5_LARGE, "layer_norm_epsilon": -1}, "layer_norm_epsilon=-1 must"),
+])
+def test_bad_t5_configs_name_the_problem(tmp_path, raw, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    from_hf_config(_write(tmp_path, raw))
 
 
 @pytest.mark.parametrize("raw, message", [

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from experiments import validation_matrix as vm
-from experiments.validation_corpus import CASES, CORPUS_JSONL, PARTS
+from experiments.validation_corpus import CASES, CORPUS_JSONL, PARTS, Case
 from meshes.layout import parse_mesh
 from meshes.topology import parse_topology
 from models.params import num_params
@@ -76,6 +76,7 @@ def test_the_kept_corpus_is_every_case_compiled_once():
   HBM with the bytes it needed."""
   kept = _kept()
   assert sorted(kept) == list(range(len(CASES)))
+  defaults = {f.name: f.default for f in dataclasses.fields(Case)}
   for i, case in enumerate(CASES):
     config = kept[i]["config"]
     settings = json.loads(json.dumps(dataclasses.asdict(case)))

@@ -1,0 +1,171 @@
+"""Encoder-decoder LM (T5 v1.0 and v1.1) with each stack's blocks under nn.scan.
+
+As Hugging Face's T5ForConditionalGeneration: one token embedding shared by
+both stacks; RMS norms without bias or mean (T5LayerNorm) before each
+sub-layer and after each stack; no biases on projections; attention scores
+not scaled by 1/sqrt(head_dim) (T5 folds that into its initialisation); a
+relative position bias added to the self-attention scores, bidirectional in
+the encoder and causal in the decoder, cross-attention without one. The bias
+table belongs to each stack's first layer in HF and its bias is reused by
+every later layer; here the table sits beside the stack's scan
+(`encoder_relative_bias`), the bias is computed once and broadcast to every
+layer: the same parameters and the same program. Parameters: `embedding`,
+`encoder` and `decoder` (the layers, stacked on the `layers` axis),
+`encoder_norm`, `decoder_norm`, the two bias tables, v1.1's `lm_head`. T5 v1.0 has a ReLU
+MLP and an LM head tied to the embedding, its input rescaled by
+d_model**-0.5; v1.1 a gated-GELU MLP and an untied `lm_head`.
+
+The module returns the training loss, like models.transformer.Decoder, with
+each layer stack and the loss under the named scopes of models.scopes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models import scopes
+from models.config import ModelConfig
+from models.layers import Mlp, Norm, activation, weight
+from models.offload import on_device
+from models.rules import FSDP_TP, AxisRules, reshard
+from models.transformer import (GATHERED, Attention, chunked_loss,
+                                group_heads, lookup, scanned)
+
+
+def relative_position_bucket(relative_SxT: jax.Array, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> jax.Array:
+  """T5's bucket of each key-minus-query offset (HF's
+  T5Attention._relative_position_bucket): offsets below half the buckets
+  (of each direction's half, bidirectional) get a bucket each, larger ones
+  share buckets spaced logarithmically up to max_distance; a causal decoder
+  sees only offsets <= 0."""
+  buckets = jnp.zeros_like(relative_SxT)
+  if bidirectional:
+    num_buckets //= 2
+    buckets = (relative_SxT > 0).astype(relative_SxT.dtype) * num_buckets
+    distance = jnp.abs(relative_SxT)
+  else:
+    distance = -jnp.minimum(relative_SxT, 0)
+  exact = num_buckets // 2
+  far = jnp.maximum(distance, exact).astype(jnp.float32)
+  large = exact + (jnp.log(far / exact) / math.log(max_distance / exact)
+                   * (num_buckets - exact)).astype(relative_SxT.dtype)
+  large = jnp.minimum(large, num_buckets - 1)
+  return buckets + jnp.where(distance < exact, distance, large)
+
+
+class Block(nn.Module):
+  """One T5 layer: self-attention, (in the decoder) cross-attention over the
+  encoder's output, MLP; each pre-normed and added to the residual."""
+
+  cfg: ModelConfig
+  rules: AxisRules
+  attention: str
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
+  lora: tuple = (0, ())
+  decoder: bool = False
+  quant: str = "none"
+
+  @nn.compact
+  def __call__(self, x_BxSxD: jax.Array, bias_KxGxSxS: jax.Array,
+               encoded_BxTxD: jax.Array | None) -> tuple[jax.Array, None]:
+    c = self.cfg
+    norm = lambda name: Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
+                             name=name)
+    mods = dict(rules=self.rules, dtype=self.dtype,
+                param_dtype=self.param_dtype, lora=self.lora, quant=self.quant)
+    attn = lambda name, causal: Attention(c, impl=self.attention, causal=causal,
+                                          scale=1.0, name=name, **mods)
+    h = norm("attn_norm")(activation(x_BxSxD, GATHERED, self.rules))
+    x_BxSxD = x_BxSxD + attn("attn", self.decoder)(h, None, bias_KxGxSxS)
+    if self.decoder:
+      h = norm("cross_norm")(activation(x_BxSxD, GATHERED, self.rules))
+      x_BxSxD = x_BxSxD + attn("cross_attn", False)(h, encoded_BxTxD)
+    h = norm("mlp_norm")(activation(x_BxSxD, GATHERED, self.rules))
+    return x_BxSxD + Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp",
+                         **mods)(h), None
+
+
+class EncoderDecoder(nn.Module):
+  """(encoder token ids, decoder token ids, targets) → mean loss over the
+  targets. Attributes as models.transformer.Decoder's."""
+
+  cfg: ModelConfig
+  rules: AxisRules = FSDP_TP
+  remat: str = "none"
+  attention: str = "materialized"
+  loss_chunks: int = 1
+  dtype: jnp.dtype = jnp.bfloat16
+  param_dtype: jnp.dtype = jnp.float32
+  lora: tuple = (0, ())
+  quant: str = "none"
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array, decoder_inputs: jax.Array,
+               targets: jax.Array) -> jax.Array:
+    c = self.cfg
+    table_VxD = on_device(self.param(
+        "embedding", nn.with_logical_partitioning(
+            nn.initializers.normal(1.0), ("vocab", "embed")),
+        (c.vocab_size, c.d_model), self.param_dtype))
+    table = table_VxD.astype(self.dtype)
+    encoded = _stack(self, "encoder", c.encoder_layers,
+                     lookup(table, inputs, self.rules))
+    y_BxTxD = _stack(self, "decoder", c.n_layers,
+                     lookup(table, decoder_inputs, self.rules), encoded)
+    if c.tie_embeddings:  # HF rescales before the tied head
+      y_BxTxD = y_BxTxD * jnp.asarray(c.d_model ** -0.5, self.dtype)
+      w_DxV = reshard(table, self.rules.spec("compute", ("vocab", "embed"))).T
+    else:
+      w_DxV = weight(self, "lm_head", (c.d_model, c.vocab_size),
+                     ("embed", "vocab"), self.rules, self.dtype,
+                     self.param_dtype)
+    with jax.named_scope(scopes.LOSS):
+      return chunked_loss(y_BxTxD, w_DxV, targets, self.loss_chunks,
+                          self.rules)
+
+
+def _stack(model: EncoderDecoder, name: str, n_layers: int, x_BxSxD: jax.Array,
+           encoded_BxTxD: jax.Array | None = None) -> jax.Array:
+  """The encoder (bidirectional) or, given the encoder's output, the decoder
+  (causal, cross-attending to it) of `model`: embedded tokens → its final
+  norm's output, gathered. Its layers are the scan `name`, under the named
+  scopes `name`/layers (one layer kind per stack in the traced program). A
+  function rather than a method, so Flax adds no scope of its own."""
+  c, rules = model.cfg, model.rules
+  decoder = encoded_BxTxD is not None
+  with jax.named_scope(name):
+    bias = _position_bias(model, name, x_BxSxD.shape[1], decoder)
+    blocks = scanned(Block, n_layers, model.remat)
+    with jax.named_scope(scopes.LAYERS):
+      x_BxSxD, _ = blocks(c, rules, model.attention, model.dtype,
+                          model.param_dtype, model.lora, decoder,
+                          model.quant, name=name)(x_BxSxD, bias,
+                                                  encoded_BxTxD)
+    norm = Norm(c.norm, c.norm_eps, rules, model.param_dtype,
+                name=f"{name}_norm")
+    return activation(norm(activation(x_BxSxD, GATHERED, rules)), GATHERED,
+                      rules)
+
+
+def _position_bias(model: EncoderDecoder, name: str, s: int,
+                   decoder: bool) -> jax.Array:
+  """bias_KxGxSxS in f32 from the stack's bucket table (buckets × heads),
+  looked up locally like the embedding."""
+  c, rules = model.cfg, model.rules
+  table_RxN = weight(model, f"{name}_relative_bias",
+                     (c.relative_buckets, c.n_heads), (None, "heads"), rules,
+                     jnp.float32, model.param_dtype,
+                     init=nn.initializers.normal(1.0))
+  pos = jnp.arange(s)
+  bucket_SxS = relative_position_bucket(
+      pos[None, :] - pos[:, None], not decoder, c.relative_buckets,
+      c.relative_max_distance)
+  bias_SxSxN = lookup(table_RxN, bucket_SxS, rules, (None, None), "heads")
+  return group_heads(jnp.transpose(bias_SxSxN, (2, 0, 1)),
+                     ("heads", None, None), c.n_kv_heads, rules)
