@@ -21,6 +21,7 @@ flags.DEFINE_enum("precision", "mixed", ["mixed", "bf16_master", "bf16"],
 flags.DEFINE_integer("lora_rank", 0, "LoRA adapters of this rank (0: none)")
 flags.DEFINE_list("lora_targets", ["q", "k", "v", "o"],
                   "projections that get an adapter")
+cli.define_moe_flags()
 FLAGS = flags.FLAGS
 
 
@@ -34,12 +35,16 @@ def main(argv):
   cfg, plan = cli.model_and_plan()
   settings = TrainSettings(shard=FLAGS.shard, precision=FLAGS.precision,
                            lora_rank=FLAGS.lora_rank,
-                           lora_targets=tuple(FLAGS.lora_targets))
+                           lora_targets=tuple(FLAGS.lora_targets),
+                           expert_axis=FLAGS.expert_axis)
   info = describe_params(cfg, plan, settings)
   if FLAGS.format == "json":
     print(json.dumps(info, indent=1))
     return
   print(f"model {info['model']}: {info['num_params']:,} parameters")
+  if cfg.moe:
+    print(f"active per token: {info['active_params']:,} ({cfg.experts_per_token}"
+          f" of {cfg.n_experts} experts; expert axis {settings.expert_axis})")
   if settings.lora_rank:
     print(f"trainable: {info['trainable_params']:,} (LoRA rank "
           f"{settings.lora_rank} on {','.join(settings.lora_targets)}; the "

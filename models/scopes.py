@@ -15,6 +15,9 @@ frame names or tracebacks (which change with where packages are installed).
           attention, which on TPU runs as a Pallas kernel keeping its blocks
           in VMEM (MaxText's `attention=flash`); the step-time model counts
           its FLOPs but no HBM traffic of its own.
+  ROUTING the mixture-of-experts dispatch and combine (models.moe): moving
+          tokens to expert slots and back, work the step does but not model
+          FLOPs (MFU leaves it out, as MaxText's count does).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 LAYERS = "layers"
 LOSS = "loss"
 KERNEL = "fused_kernel"
+ROUTING = "moe_routing"
 
 _TRANSFORM = re.compile(r"\w+\(|\)")  # jvp(...), transpose(...), remat(...)
 

@@ -10,6 +10,8 @@ OPTIMIZERS = ("adamw", "adamw_bf16_mu", "adafactor", "sgd", "sgd_momentum")
 PRECISIONS = ("mixed", "bf16_master", "bf16")
 SHARDS = ("dp", "zero1", "zero2", "zero3")
 LORA_TARGETS = ("q", "k", "v", "o", "wi", "wi_gate", "wo")
+MOE_DISPATCHES = ("capacity",)  # models.moe
+EXPERT_AXES = ("none", "x")  # experts unsplit, or split over X (all-to-all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +29,12 @@ class TrainSettings:
   grad_accum: int = 1  # micro-batches per step (batch = micro x this)
   lora_rank: int = 0  # > 0: train rank-r adapters only, the base frozen
   lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
+  # Mixture of experts (ignored by dense models): how tokens reach experts,
+  # each expert's slots per sequence relative to an even share, and the mesh
+  # axis the experts are split over.
+  moe_dispatch: str = "capacity"
+  capacity_factor: float = 1.0
+  expert_axis: str = "none"
 
   def __post_init__(self):
     for field in ("batch", "seq", "loss_chunks", "grad_accum"):
@@ -34,10 +42,16 @@ class TrainSettings:
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{field}={value!r} must be a positive integer")
     for field, valid in (("attention", ATTENTIONS), ("optimizer", OPTIMIZERS),
-                         ("precision", PRECISIONS), ("shard", SHARDS)):
+                         ("precision", PRECISIONS), ("shard", SHARDS),
+                         ("moe_dispatch", MOE_DISPATCHES),
+                         ("expert_axis", EXPERT_AXES)):
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r}; valid: "
                          f"{', '.join(valid)}")
+    cf = self.capacity_factor
+    if not (isinstance(cf, (int, float)) and 0 < cf < float("inf")):
+      raise ValueError(f"capacity_factor={cf!r} must be a positive number "
+                       "(1.0: each expert takes an even share of the tokens)")
     if self.batch % self.grad_accum:
       raise ValueError(f"batch={self.batch} is not a multiple of grad_accum="
                        f"{self.grad_accum}; the step runs batch/grad_accum "

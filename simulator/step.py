@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models.config import ModelConfig
 from models.params import abstract_params
-from models.rules import FSDP_TP, AxisRules, rules_for
+from models.rules import FSDP_TP, AxisRules, expert_rules, rules_for
 from models.transformer import RESIDUAL, Decoder
 from simulator.optimizers import PRECISION, make_optimizer
 from simulator.settings import TrainSettings
@@ -66,6 +66,7 @@ def make_model(cfg: ModelConfig, settings: TrainSettings,
   return Decoder(cfg, rules=rules, remat=settings.remat,
                  attention=settings.attention,
                  loss_chunks=settings.loss_chunks,
+                 capacity_factor=settings.capacity_factor,
                  param_dtype=PRECISION[settings.precision].param_dtype,
                  lora=(settings.lora_rank, tuple(settings.lora_targets)))
 
@@ -164,6 +165,8 @@ def step_rules(cfg: ModelConfig, settings: TrainSettings, mesh,
   shards per shard mode, and kv heads replicated where Y does not divide
   them (`kv_heads_replicated`)."""
   shard = settings.shard
+  if cfg.moe and settings.expert_axis == "x":
+    base_rules = expert_rules(base_rules, "X")
   tables = (rules_for(shard == "zero3", base_rules),
             rules_for(shard != "dp", base_rules),
             rules_for(shard in ("zero2", "zero3"), base_rules))
