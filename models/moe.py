@@ -128,9 +128,11 @@ class MoeMlp(nn.Module):
     # Groups over X -> experts over X: the all-to-all under expert parallelism
     # (a no-op when experts are not split).
     x_ExGxCxD = activation(x_ExGxCxD, ("exp", "batch", None, None), self.rules)
-    y_ExGxCxD = Mlp(c.mlp, c.d_model, c.expert_d_ff, False, n_experts=e,
-                    dtype=self.dtype, lora=self.lora, name="experts",
-                    **common)(x_ExGxCxD)
+    expert_mlps = Mlp(c.mlp, c.d_model, c.expert_d_ff, False, n_experts=e,
+                      dtype=self.dtype, lora=self.lora, name="experts",
+                      **common)
+    with jax.named_scope(scopes.EXPERTS):
+      y_ExGxCxD = expert_mlps(x_ExGxCxD)
     y_ExGxCxD = activation(y_ExGxCxD, (None, "batch", None, "embed"),
                            self.rules)  # back to groups over X
     with jax.named_scope(scopes.ROUTING):

@@ -80,6 +80,9 @@ class SweepSpec:
   grad_accum: int = 1
   lora_rank: int = 0
   lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
+  moe_dispatch: str = "capacity"  # mixture of experts (models.moe)
+  capacity_factor: float = 1.0
+  expert_axis: str = "none"
 
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""
@@ -104,7 +107,10 @@ class SweepSpec:
                          attention=self.attention, optimizer=optimizer,
                          precision=self.precision, shard=shard,
                          grad_accum=self.grad_accum, lora_rank=self.lora_rank,
-                         lora_targets=tuple(self.lora_targets))
+                         lora_targets=tuple(self.lora_targets),
+                         moe_dispatch=self.moe_dispatch,
+                         capacity_factor=self.capacity_factor,
+                         expert_axis=self.expert_axis)
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""
