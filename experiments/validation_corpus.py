@@ -24,6 +24,11 @@ from simulator.settings import TrainSettings
 CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
                             "compiled_corpus.jsonl")
 PARTS = ("tune", "check", "toy")
+# Settings a case's label (and the table's `settings` column) lists when
+# they differ from these.
+DEFAULT_SETTINGS = (("shard", "zero3"), ("precision", "mixed"),
+                    ("attention", "flash"), ("loss_chunks", 1),
+                    ("capacity_factor", 1.0), ("expert_axis", "none"))
 GEMMA_2B = "models/configs/gemma-2b.json"
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
 
@@ -42,17 +47,20 @@ class Case:
   precision: str = "mixed"
   attention: str = "flash"
   loss_chunks: int = 1
+  capacity_factor: float = 1.0  # mixture of experts only
+  expert_axis: str = "none"
 
   def settings(self) -> TrainSettings:
     return TrainSettings(batch=self.batch, seq=self.seq, remat=self.remat,
                          attention=self.attention, optimizer=self.optimizer,
                          precision=self.precision, shard=self.shard,
-                         loss_chunks=self.loss_chunks)
+                         loss_chunks=self.loss_chunks,
+                         capacity_factor=self.capacity_factor,
+                         expert_axis=self.expert_axis)
 
   def label(self) -> str:
-    extra = [f"{k}={getattr(self, k)}" for k, d in (
-        ("shard", "zero3"), ("precision", "mixed"), ("attention", "flash"),
-        ("loss_chunks", 1)) if getattr(self, k) != d]
+    extra = [f"{k}={getattr(self, k)}" for k, d in DEFAULT_SETTINGS
+             if getattr(self, k) != d]
     return " ".join([self.model.split("/")[-1], self.topology, self.mesh,
                      f"b{self.batch}", f"s{self.seq}", self.remat,
                      self.optimizer, *extra])
@@ -151,4 +159,15 @@ CASES: list[Case] = [
     Case("tiny", "v5p-32", "16x1", 32, 128, "dots", "adamw", "toy"),
     Case("tiny", "v5p-32", "8x2", 8, 128, "names:qkv,mlp_hidden", "adafactor",
           "toy"),
+    # Mixture of experts (Mixtral's shape at a quarter width, models.moe's
+    # capacity dispatch): experts laid out like a dense MLP; split over X
+    # (tokens to experts by all-to-all); more slots and TP; a chunked loss,
+    # so the layers' backward and not the 32000-wide logits sets the peak.
+    Case("mixtral_mini", "v5p-8", "4x1", 16, 2048, "full", "adamw", C),
+    Case("mixtral_mini", "v5p-8", "4x1", 16, 2048, "full", "adamw", C,
+         expert_axis="x"),
+    Case("mixtral_mini", "v5p-8", "2x2", 16, 2048, "dots", "adamw", C,
+         capacity_factor=1.25),
+    Case("mixtral_mini", "v5p-8", "4x1", 32, 2048, "full", "adamw", C,
+         loss_chunks=4),
 ]

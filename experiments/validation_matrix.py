@@ -25,7 +25,7 @@ import time
 from absl import flags
 
 from experiments import cli
-from experiments.validation_corpus import CASES, PARTS
+from experiments.validation_corpus import CASES, DEFAULT_SETTINGS, PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
 
@@ -113,12 +113,8 @@ COLUMNS = ("#", "model", "part", "topology", "mesh", "batch", "seq", "remat",
            "temp sym", "temp XLA", "peak sym", "peak XLA", "peak err",
            "peak-ovh err", "coll sym GiB", "coll HLO GiB", "coll err",
            "compile s")
-_DEFAULTS = (("shard", "zero3"), ("precision", "mixed"), ("attention", "flash"),
-             ("loss_chunks", 1))
-
-
 def _settings(c: dict) -> str:
-  return " ".join(f"{k}={c[k]}" for k, d in _DEFAULTS
+  return " ".join(f"{k}={c[k]}" for k, d in DEFAULT_SETTINGS
                   if c.get(k, d) != d) or "-"
 
 
