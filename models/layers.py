@@ -145,11 +145,10 @@ class Mlp(nn.Module):
                   param_dtype=self.param_dtype, bias=self.bias)
     rank = lambda name: self.lora[0] if name in self.lora[1] else 0
     if self.n_experts:  # dims: e expert, g group, c capacity slot
-      lead, names, rows = (self.n_experts,), ("exp",), "egc"
+      lead, names, rows, w = (self.n_experts,), ("exp",), "egc", "e"
       out = ("exp", "batch", None)
     else:
-      lead, names, rows, out = (), (), "bs", ("batch", "length")
-    w = "e" if self.n_experts else ""
+      lead, names, rows, w, out = (), (), "bs", "", ("batch", "length")
     up = lambda name: Dense(lead + (self.d_model, self.d_ff),
                             names + ("embed", "mlp"),
                             f"{rows}d,{w}df->{rows}f", out + ("mlp",),

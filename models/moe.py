@@ -96,7 +96,8 @@ def combine_weights(weights_GxSxK: jax.Array, experts_GxSxK: jax.Array,
 class MoeMlp(nn.Module):
   """Routed experts (and Qwen2-MoE's gated shared expert) for one block.
 
-  Returns the output and this layer's load-balancing loss.
+  Returns the output and this layer's load-balancing loss. No LoRA
+  adapters here (simulator.step refuses MLP targets for an MoE model).
   """
 
   cfg: ModelConfig
@@ -104,7 +105,6 @@ class MoeMlp(nn.Module):
   dtype: jnp.dtype
   param_dtype: jnp.dtype
   capacity_factor: float = 1.0
-  lora: tuple = (0, ())
 
   @nn.compact
   def __call__(self, x_GxSxD: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -129,8 +129,7 @@ class MoeMlp(nn.Module):
     # (a no-op when experts are not split).
     x_ExGxCxD = activation(x_ExGxCxD, ("exp", "batch", None, None), self.rules)
     expert_mlps = Mlp(c.mlp, c.d_model, c.expert_d_ff, False, n_experts=e,
-                      dtype=self.dtype, lora=self.lora, name="experts",
-                      **common)
+                      dtype=self.dtype, name="experts", **common)
     with jax.named_scope(scopes.EXPERTS):
       y_ExGxCxD = expert_mlps(x_ExGxCxD)
     y_ExGxCxD = activation(y_ExGxCxD, (None, "batch", None, "embed"),
@@ -141,8 +140,7 @@ class MoeMlp(nn.Module):
                                                     "embed")))
     if c.shared_expert_d_ff:
       shared = Mlp(c.mlp, c.d_model, c.shared_expert_d_ff, False,
-                   dtype=self.dtype, lora=self.lora, name="shared_expert",
-                   **common)(x_GxSxD)
+                   dtype=self.dtype, name="shared_expert", **common)(x_GxSxD)
       gate_GxSx1 = Dense((c.d_model, 1), ("embed", None), "gsd,do->gso",
                          ("batch", "length", None), dtype=self.dtype,
                          name="shared_expert_gate", **common)(x_GxSxD)

@@ -109,7 +109,8 @@ class Block(nn.Module):
     mods = dict(rules=self.rules, dtype=self.dtype,
                 param_dtype=self.param_dtype, lora=self.lora)
     if c.moe:
-      mlp = MoeMlp(c, capacity_factor=self.capacity_factor, name="moe", **mods)
+      mlp = MoeMlp(c, self.rules, self.dtype, self.param_dtype,
+                   self.capacity_factor, name="moe")
     else:
       dense = Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp", **mods)
       mlp = lambda h: (dense(h), None)

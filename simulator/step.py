@@ -191,6 +191,12 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     raise ValueError(f"seq={settings.seq} exceeds {cfg.name}'s "
                      f"{cfg.max_len} learned positions; choose seq <= "
                      f"{cfg.max_len}")
+  mlp_targets = sorted(set(settings.lora_targets) & {"wi", "wi_gate", "wo"})
+  if cfg.moe and settings.lora_rank and mlp_targets:
+    raise ValueError(f"lora_targets={','.join(settings.lora_targets)}: "
+                     f"{mlp_targets[0]!r} is in {cfg.name}'s mixture of "
+                     "experts, where adapters are not built; valid: q, k, v, "
+                     "o")
   rules, opt_rules, grad_rules = step_rules(cfg, settings, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = make_model(cfg, settings, rules)

@@ -23,6 +23,7 @@ from simulator import roofline as R
 from simulator.inventory import describe_params
 from simulator.program import read_traced
 from simulator.settings import TrainSettings
+from simulator.step import build_step, trainable_params
 from simulator.trace import trace_probe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,6 +223,18 @@ def test_unsupported_qwen2_moe_configs_exit_2_with_one_line(tmp_path, key,
   assert out.returncode == 2
   assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
   assert "Traceback" not in out.stderr
+
+
+def test_lora_on_the_experts_is_refused_and_on_attention_trains_adapters():
+  settings = TrainSettings(batch=4, seq=64, lora_rank=4,
+                           lora_targets=("q", "wi"))
+  with pytest.raises(ValueError, match="'wi' is in tiny_moe's mixture of "
+                     "experts, where adapters are not built"):
+    build_step(TINY, settings, abstract_mesh(PLAN))
+  step = build_step(TINY, dataclasses.replace(settings, lora_targets=("q",)),
+                    abstract_mesh(PLAN))
+  assert trainable_params(step) == TINY.n_layers * 4 * (
+      TINY.d_model + TINY.n_heads * TINY.head_dim)
 
 
 def test_describe_prints_total_and_active_parameters():
