@@ -56,6 +56,7 @@ def define_train_flags() -> None:
                     " zero3 +params (FSDP)")
   flags.DEFINE_integer("loss_chunks", d.loss_chunks,
                        "compute logits and loss in this many sequence chunks")
+  define_moe_flags()
   define_finetune_flags()
 
 
@@ -73,6 +74,22 @@ def define_target_seq_flag() -> None:
   flags.DEFINE_integer("target_seq", S.TrainSettings().target_seq,
                        "an encoder-decoder's decoder (target) length in "
                        "tokens; 0: the same as --seq")
+
+
+def define_moe_flags() -> None:
+  """--moe_dispatch, --capacity_factor, --expert_axis (mixture of experts)."""
+  d = S.TrainSettings()
+  flags.DEFINE_enum("moe_dispatch", d.moe_dispatch, list(S.MOE_DISPATCHES),
+                    "mixture of experts: capacity = GShard einsum dispatch, "
+                    "each expert takes --capacity_factor x an even share of "
+                    "a sequence's tokens, the rest dropped")
+  flags.DEFINE_float("capacity_factor", d.capacity_factor, "mixture of "
+                     "experts: slots per expert per sequence over an even "
+                     "share (MaxText's capacity_factor)")
+  flags.DEFINE_enum("expert_axis", d.expert_axis, list(S.EXPERT_AXES),
+                    "mixture of experts: none = experts laid out like a dense"
+                    " MLP (no all-to-all); x = experts split over X, tokens "
+                    "moved to them by all-to-all over X")
 
 
 def define_finetune_flags() -> None:
@@ -121,7 +138,10 @@ def train_settings() -> S.TrainSettings:
                          lora_rank=f.lora_rank,
                          lora_targets=tuple(f.lora_targets),
                          base_quant=f.base_quant,
-                         offload=tuple(f.offload))
+                         offload=tuple(f.offload),
+                         moe_dispatch=f.moe_dispatch,
+                         capacity_factor=f.capacity_factor,
+                         expert_axis=f.expert_axis)
 
 
 def fail(message: str) -> None:

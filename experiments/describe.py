@@ -19,6 +19,7 @@ flags.DEFINE_enum("shard", "zero3", ["dp", "zero1", "zero2", "zero3"],
 flags.DEFINE_enum("precision", "mixed", ["mixed", "bf16_master", "bf16"],
                   "mixed stores f32 params; the bf16 policies bf16 params")
 cli.define_adapter_flags()
+cli.define_moe_flags()
 FLAGS = flags.FLAGS
 
 
@@ -33,12 +34,16 @@ def main(argv):
   settings = TrainSettings(shard=FLAGS.shard, precision=FLAGS.precision,
                            lora_rank=FLAGS.lora_rank,
                            lora_targets=tuple(FLAGS.lora_targets),
-                           base_quant=FLAGS.base_quant)
+                           base_quant=FLAGS.base_quant,
+                           expert_axis=FLAGS.expert_axis)
   info = describe_params(cfg, plan, settings)
   if FLAGS.format == "json":
     print(json.dumps(info, indent=1))
     return
   print(f"model {info['model']}: {info['num_params']:,} parameters")
+  if cfg.moe:
+    print(f"active per token: {info['active_params']:,} ({cfg.experts_per_token}"
+          f" of {cfg.n_experts} experts; expert axis {settings.expert_axis})")
   if settings.lora_rank:
     print(f"trainable: {info['trainable_params']:,} (LoRA rank "
           f"{settings.lora_rank} on {','.join(settings.lora_targets)}; the "

@@ -64,6 +64,7 @@ def define_flags() -> None:
   flags.DEFINE_list("optimizers", ["adamw"], f"optimizers: {', '.join(S.OPTIMIZERS)}")
   flags.DEFINE_enum("attention", "flash", list(S.ATTENTIONS), "attention kernel")
   flags.DEFINE_enum("precision", "mixed", list(S.PRECISIONS), "precision")
+  cli.define_moe_flags()
   cli.define_finetune_flags()
   flags.DEFINE_integer("top_k", 3, "confirm this many best plans by compiling; 0: none")
   flags.DEFINE_bool("resume", False, "continue the latest LOGDIR/RUN* folder")
@@ -103,7 +104,8 @@ def spec_from_flags():
       meshes=(parse_mesh(FLAGS.mesh),) if FLAGS.mesh else None,
       grad_accum=FLAGS.grad_accum, lora_rank=FLAGS.lora_rank,
       lora_targets=tuple(FLAGS.lora_targets), base_quant=FLAGS.base_quant,
-      offload=tuple(FLAGS.offload))
+      offload=tuple(FLAGS.offload), moe_dispatch=FLAGS.moe_dispatch,
+      capacity_factor=FLAGS.capacity_factor, expert_axis=FLAGS.expert_axis)
 
 
 def run_dir_for(logdir: str, name: str, resume: bool) -> str:
@@ -122,7 +124,8 @@ def run_dir_for(logdir: str, name: str, resume: bool) -> str:
 RUN_SETTINGS = "run.json"  # what a run's results depend on, for --resume
 _IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
              "precision", "grad_accum", "lora_rank", "lora_targets",
-             "base_quant", "offload")
+             "base_quant", "offload", "moe_dispatch", "capacity_factor",
+             "expert_axis")
 
 
 def check_run_settings(run_dir: str, spec) -> None:

@@ -24,12 +24,14 @@ from simulator.settings import TrainSettings
 CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
                             "compiled_corpus.jsonl")
 PARTS = ("tune", "check", "toy")
-GEMMA_2B = "models/configs/gemma-2b.json"
-# Settings a case names only when they differ from these.
-SETTING_DEFAULTS = (("shard", "zero3"), ("precision", "mixed"),
+# Settings a case's label (and the table's `settings` column) lists when
+# they differ from these.
+DEFAULT_SETTINGS = (("shard", "zero3"), ("precision", "mixed"),
                     ("attention", "flash"), ("loss_chunks", 1),
                     ("grad_accum", 1), ("lora_rank", 0), ("base_quant", "none"),
-                    ("offload", ()), ("target_seq", 0))
+                    ("offload", ()), ("target_seq", 0), ("capacity_factor", 1.0),
+                    ("expert_axis", "none"))
+GEMMA_2B = "models/configs/gemma-2b.json"
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
 T5_V1_1_SMALL = "models/configs/t5-v1_1-small.json"
 
@@ -53,6 +55,8 @@ class Case:
   base_quant: str = "none"
   offload: tuple[str, ...] = ()
   target_seq: int = 0  # an encoder-decoder's decoder length
+  capacity_factor: float = 1.0  # mixture of experts only
+  expert_axis: str = "none"
 
   def settings(self) -> TrainSettings:
     fields = {f.name for f in dataclasses.fields(TrainSettings)}
@@ -61,7 +65,7 @@ class Case:
 
   def label(self) -> str:
     text = lambda v: ",".join(v) if isinstance(v, tuple) else str(v)
-    extra = [f"{k}={text(getattr(self, k))}" for k, d in SETTING_DEFAULTS
+    extra = [f"{k}={text(getattr(self, k))}" for k, d in DEFAULT_SETTINGS
              if getattr(self, k) != d]
     return " ".join([self.model.split("/")[-1], self.topology, self.mesh,
                      f"b{self.batch}", f"s{self.seq}", self.remat,
@@ -189,4 +193,15 @@ CASES: list[Case] = [
           target_seq=128),
     Case(T5_V1_1_SMALL, "v5p-16", "8x1", 16, 1024, "none", "adamw", C,
           attention="materialized", target_seq=256),
+    # Mixture of experts (Mixtral's shape at a quarter width, models.moe's
+    # capacity dispatch): experts laid out like a dense MLP; split over X
+    # (tokens to experts by all-to-all); more slots and TP; a chunked loss,
+    # so the layers' backward and not the 32000-wide logits sets the peak.
+    Case("mixtral_mini", "v5p-8", "4x1", 16, 2048, "full", "adamw", C),
+    Case("mixtral_mini", "v5p-8", "4x1", 16, 2048, "full", "adamw", C,
+         expert_axis="x"),
+    Case("mixtral_mini", "v5p-8", "2x2", 16, 2048, "dots", "adamw", C,
+         capacity_factor=1.25),
+    Case("mixtral_mini", "v5p-8", "4x1", 32, 2048, "full", "adamw", C,
+         loss_chunks=4),
 ]

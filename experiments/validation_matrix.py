@@ -27,7 +27,7 @@ import time
 from absl import flags
 
 from experiments import cli
-from experiments.validation_corpus import CASES, PARTS, SETTING_DEFAULTS
+from experiments.validation_corpus import CASES, DEFAULT_SETTINGS, PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
 
@@ -120,7 +120,7 @@ COLUMNS = ("#", "model", "part", "topology", "mesh", "batch", "seq", "remat",
 
 def _settings(c: dict) -> str:
   text = lambda v: ",".join(v) if isinstance(v, (list, tuple)) else str(v)
-  return " ".join(f"{k}={text(c[k])}" for k, d in SETTING_DEFAULTS
+  return " ".join(f"{k}={text(c[k])}" for k, d in DEFAULT_SETTINGS
                   if text(c.get(k, d)) != text(d)) or "-"
 
 

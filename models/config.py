@@ -48,13 +48,30 @@ class ModelConfig:
   # spread over the upper half logarithmically.
   relative_buckets: int = 32
   relative_max_distance: int = 128
+  # Mixture of experts (models.moe): n_experts > 0 replaces every block's MLP
+  # with n_experts routed MLPs of width expert_d_ff (kind `mlp`), each token
+  # sent to experts_per_token of them; shared_expert_d_ff > 0 adds one MLP
+  # every token goes through, scaled by a sigmoid gate (Qwen2-MoE).
+  n_experts: int = 0
+  experts_per_token: int = 0
+  expert_d_ff: int = 0
+  shared_expert_d_ff: int = 0
+  router_renormalize: bool = True  # top-k weights summed to 1 (Mixtral)
+  router_aux_loss_coef: float = 0.01  # load-balancing loss weight
 
   @property
   def encoder_decoder(self) -> bool:
     return self.encoder_layers > 0
 
+  @property
+  def moe(self) -> bool:
+    return self.n_experts > 0
+
   def __post_init__(self):
-    positive = ["d_model", "n_layers", "d_ff"]
+    if not isinstance(self.n_experts, int) or self.n_experts < 0:
+      raise ValueError(f"model {self.name!r}: n_experts={self.n_experts!r} "
+                       "must be an integer >= 0 (0: a dense MLP)")
+    positive = ["d_model", "n_layers"] + ([] if self.moe else ["d_ff"])
     if self.attention:
       positive += ["n_heads", "n_kv_heads", "head_dim"]
     if self.embeddings:
@@ -74,6 +91,8 @@ class ModelConfig:
     if self.attention and self.n_heads % self.n_kv_heads:
       raise ValueError(f"model {self.name!r}: n_heads={self.n_heads} is not a "
                        f"multiple of n_kv_heads={self.n_kv_heads}")
+    if self.moe:
+      self._check_moe()
     if self.parallel_block and not self.attention:
       raise ValueError(f"model {self.name!r}: parallel_block needs attention")
     if not isinstance(self.encoder_layers, int) or self.encoder_layers < 0:
@@ -96,3 +115,24 @@ class ModelConfig:
                        f"above half of it")
     if self.tie_embeddings and not self.embeddings:
       raise ValueError(f"model {self.name!r}: tie_embeddings needs embeddings")
+
+  def _check_moe(self) -> None:
+    for field in ("experts_per_token", "expert_d_ff"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"model {self.name!r}: {field}={value!r} must be a "
+                         f"positive integer with n_experts={self.n_experts}")
+    if self.experts_per_token > self.n_experts:
+      raise ValueError(f"model {self.name!r}: experts_per_token="
+                       f"{self.experts_per_token} exceeds n_experts="
+                       f"{self.n_experts}; choose 1..{self.n_experts}")
+    if not isinstance(self.shared_expert_d_ff, int) or self.shared_expert_d_ff < 0:
+      raise ValueError(f"model {self.name!r}: shared_expert_d_ff="
+                       f"{self.shared_expert_d_ff!r} must be an integer >= 0")
+    if self.bias:
+      raise ValueError(f"model {self.name!r}: bias=True with n_experts="
+                       f"{self.n_experts}; experts have no biases here")
+    coef = self.router_aux_loss_coef
+    if not (isinstance(coef, (int, float)) and 0 <= coef < float("inf")):
+      raise ValueError(f"model {self.name!r}: router_aux_loss_coef={coef!r} "
+                       "must be a finite number >= 0")

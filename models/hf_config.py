@@ -8,7 +8,7 @@ import os
 
 from models.config import ModelConfig
 
-FAMILIES = ("llama", "mistral", "qwen2", "gemma", "t5")
+FAMILIES = ("llama", "mistral", "qwen2", "gemma", "mixtral", "qwen2_moe", "t5")
 # T5's feed_forward_proj (HF T5Config) → ModelConfig.mlp; "gated-gelu" is
 # v1.1's (HF runs it with gelu_new, the tanh approximation, as jax.nn.gelu).
 T5_MLPS = {"relu": "relu", "gelu": "gelu", "gated-gelu": "geglu"}
@@ -20,7 +20,8 @@ _SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers",
           "intermediate_size", "vocab_size", "num_key_value_heads", "head_dim",
           "max_position_embeddings", "d_model", "d_kv", "d_ff", "num_layers",
           "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
-          "relative_attention_max_distance", "n_positions")
+          "relative_attention_max_distance", "n_positions", "num_local_experts",
+          "num_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
 def _require(raw: dict, key: str, path: str):
@@ -119,7 +120,7 @@ def from_hf_config(path: str) -> ModelConfig:
   for key in ("rms_norm_eps", "rope_theta"):
     _positive_number(raw, key, path)
   gemma = family == "gemma"
-  return ModelConfig(
+  return ModelConfig(**_moe_fields(raw, family, path),
       name=_name(path),
       d_model=d_model,
       n_layers=get("num_hidden_layers"),
@@ -133,9 +134,53 @@ def from_hf_config(path: str) -> ModelConfig:
       positions="rope",
       mlp="geglu" if gemma else "swiglu",
       tie_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
-      qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
+      qkv_bias=family in ("qwen2", "qwen2_moe") or bool(raw.get("attention_bias", False)),
       bias=False,
       norm_eps=float(raw.get("rms_norm_eps") or 1e-6),
       rope_theta=float(raw.get("rope_theta") or 10000.0),
       embed_scale=gemma,
   )
+
+
+def _moe_fields(raw: dict, family: str, path: str) -> dict:
+  """The ModelConfig fields of a mixtral or qwen2_moe config's experts.
+
+  Mixtral: num_local_experts SwiGLU experts of intermediate_size, top-k
+  renormalised. Qwen2-MoE: num_experts of moe_intermediate_size, a shared
+  expert of shared_expert_intermediate_size behind a sigmoid gate, top-k
+  renormalised only with norm_topk_prob; every layer must be sparse.
+  """
+  get = lambda key: _require(raw, key, path)
+  coef = raw.get("router_aux_loss_coef", 0.001)
+  if not (isinstance(coef, (int, float)) and not isinstance(coef, bool)
+          and math.isfinite(coef) and coef >= 0):
+    raise ValueError(f"{path}: router_aux_loss_coef={coef!r} must be a finite"
+                     " number >= 0")
+  if family == "mixtral":
+    return dict(n_experts=get("num_local_experts"),
+                experts_per_token=get("num_experts_per_tok"),
+                expert_d_ff=get("intermediate_size"),
+                router_aux_loss_coef=float(coef))
+  if family != "qwen2_moe":
+    return {}
+  step = raw.get("decoder_sparse_step", 1)
+  if step != 1:
+    raise ValueError(f"{path}: decoder_sparse_step={step!r} is not supported;"
+                     " valid: 1 (every layer a mixture of experts)")
+  dense = raw.get("mlp_only_layers") or []
+  if dense:
+    raise ValueError(f"{path}: mlp_only_layers={dense!r} is not supported; "
+                     "valid: [] (no dense layers)")
+  shared = raw.get("shared_expert_intermediate_size", 0)
+  if not (isinstance(shared, int) and not isinstance(shared, bool)
+          and 0 <= shared < 2**31):
+    raise ValueError(f"{path}: shared_expert_intermediate_size={shared!r} "
+                     "must be an integer >= 0")
+  norm = raw.get("norm_topk_prob", False)
+  if not isinstance(norm, bool):
+    raise ValueError(f"{path}: norm_topk_prob={norm!r} must be true or false")
+  return dict(n_experts=get("num_experts"),
+              experts_per_token=get("num_experts_per_tok"),
+              expert_d_ff=get("moe_intermediate_size"),
+              shared_expert_d_ff=shared, router_renormalize=norm,
+              router_aux_loss_coef=float(coef))

@@ -138,7 +138,12 @@ class Dense(nn.Module):
 
 class Mlp(nn.Module):
   """SwiGLU / GeGLU (gated), GELU or ReLU, or `linear`: two matmuls, no
-  activation."""
+  activation.
+
+  n_experts > 0: that many MLPs side by side (models.moe), each weight with a
+  leading `exp` dim, applied to expert-major inputs x_ExGxCxD (expert, group,
+  capacity slot); the matmuls are the same, batched over experts.
+  """
 
   kind: str
   d_model: int
@@ -149,25 +154,32 @@ class Mlp(nn.Module):
   param_dtype: jnp.dtype
   lora: tuple = (0, ())  # (rank, the projections that get an adapter)
   quant: str = "none"  # the kernels stored quantized (models.quant)
+  n_experts: int = 0
 
   @nn.compact
-  def __call__(self, x_BxSxD: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array) -> jax.Array:
     common = dict(rules=self.rules, dtype=self.dtype,
                   param_dtype=self.param_dtype, bias=self.bias,
                   quant=self.quant)
     rank = lambda name: self.lora[0] if name in self.lora[1] else 0
-    up = lambda name: Dense((self.d_model, self.d_ff), ("embed", "mlp"),
-                            "bsd,df->bsf", ("batch", "length", "mlp"),
+    if self.n_experts:  # dims: e expert, g group, c capacity slot
+      lead, names, rows, w = (self.n_experts,), ("exp",), "egc", "e"
+      out = ("exp", "batch", None)
+    else:
+      lead, names, rows, w, out = (), (), "bs", "", ("batch", "length")
+    up = lambda name: Dense(lead + (self.d_model, self.d_ff),
+                            names + ("embed", "mlp"),
+                            f"{rows}d,{w}df->{rows}f", out + ("mlp",),
                             name=name, lora_rank=rank(name), **common)
-    x_BxSxD = checkpoint_name(x_BxSxD, "mlp_in")
-    h_BxSxF = checkpoint_name(up("wi")(x_BxSxD), "mlpwi")
+    x = checkpoint_name(x, "mlp_in")
+    h = checkpoint_name(up("wi")(x), "mlpwi")
     if self.kind in ("swiglu", "geglu"):
       act = jax.nn.silu if self.kind == "swiglu" else jax.nn.gelu
-      h_BxSxF = act(h_BxSxF) * checkpoint_name(up("wi_gate")(x_BxSxD), "mlpwi")
+      h = act(h) * checkpoint_name(up("wi_gate")(x), "mlpwi")
     elif self.kind in ("gelu", "relu"):
-      h_BxSxF = (jax.nn.gelu if self.kind == "gelu" else jax.nn.relu)(h_BxSxF)
-    h_BxSxF = checkpoint_name(h_BxSxF, "mlp_hidden")
+      h = (jax.nn.gelu if self.kind == "gelu" else jax.nn.relu)(h)
+    h = checkpoint_name(h, "mlp_hidden")
     return checkpoint_name(Dense(
-        (self.d_ff, self.d_model), ("mlp", "embed"), "bsf,fd->bsd",
-        ("batch", "length", "embed"), name="wo", lora_rank=rank("wo"),
-        **common)(h_BxSxF), "mlpwo")
+        lead + (self.d_ff, self.d_model), names + ("mlp", "embed"),
+        f"{rows}f,{w}fd->{rows}d", out + ("embed",), name="wo",
+        lora_rank=rank("wo"), **common)(h), "mlpwo")

@@ -40,6 +40,24 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("xxl_ffn", d_model=16384, n_layers=126, d_ff=53248,
                     attention=False, embeddings=False, norm="none",
                     positions="none", mlp="linear", final_norm=False),
+        # Mixtral-8x7B (HF mistralai/Mixtral-8x7B-v0.1 config.json): 8 SwiGLU
+        # experts of 14336, top-2, renormalised; 46,702,792,704 params.
+        ModelConfig("mixtral_8x7b", d_model=4096, n_layers=32, d_ff=14336,
+                    n_heads=32, n_kv_heads=8, head_dim=128, vocab_size=32000,
+                    max_len=32768, rope_theta=1e6, n_experts=8,
+                    experts_per_token=2, expert_d_ff=14336,
+                    router_aux_loss_coef=0.02),
+        # Mixtral's shape at a quarter of its width and 4 layers (0.43B), for
+        # compiles on 4 chips: 8 experts of 3584, top-2, 8 heads of 128 over
+        # 2 kv heads.
+        ModelConfig("mixtral_mini", d_model=1024, n_layers=4, d_ff=3584,
+                    n_heads=8, n_kv_heads=2, head_dim=128, vocab_size=32000,
+                    max_len=32768, rope_theta=1e6, n_experts=8,
+                    experts_per_token=2, expert_d_ff=3584,
+                    router_aux_loss_coef=0.02),
+        ModelConfig("tiny_moe", d_model=64, n_layers=2, d_ff=128, n_heads=4,
+                    n_kv_heads=2, head_dim=16, vocab_size=256, max_len=128,
+                    n_experts=4, experts_per_token=2, expert_d_ff=96),
         # 737,668,096 params; 2,851,598,336; 11,307,321,344 (HF t5-large,
         # t5-3b, t5-11b: 24 encoder and 24 decoder layers each).
         ModelConfig("t5_large", d_model=1024, n_layers=24, encoder_layers=24,

@@ -15,7 +15,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "kv", "mlp",
-                "vocab", "layers")
+                "vocab", "layers", "exp")
 MESH_AXES = ("X", "Y")
 
 Table = tuple[tuple[str, str | None], ...]
@@ -39,9 +39,21 @@ class AxisRules:
   activations: Table
 
   def spec(self, table: str, names: Sequence[str | None]) -> P:
-    """PartitionSpec of a value whose dims carry these logical names."""
+    """PartitionSpec of a value whose dims carry these logical names.
+
+    A mesh axis shards the first dim whose name maps to it; a later dim
+    mapped to the same axis stays whole (as MaxText's logical rules do). So
+    with experts over X (`exp` -> X) an expert weight (exp, embed, mlp) is
+    split by expert, not also along embed, and an expert-major activation
+    (exp, batch, ...) by expert, not also by batch.
+    """
     mapping = dict(getattr(self, table))
-    return P(*(mapping.get(n) if n else None for n in names))
+    used, axes = set(), []
+    for n in names:
+      axis = mapping.get(n) if n else None
+      axes.append(None if axis in used else axis)
+      used.add(axis)
+    return P(*axes)
 
   def replace(self, table: str, **updates: str | None) -> "AxisRules":
     mapping = dict(getattr(self, table))
@@ -52,8 +64,11 @@ class AxisRules:
 # TP over Y: heads, MLP hidden and vocabulary, as in Megatron. The residual
 # stream between layers is sharded over Y along embed (seed 004's In[B_X, D_Y]),
 # so each layer begins with an all-gather and ends with a reduce-scatter over Y.
+# Experts (`exp`) are not split by default: an expert's weights are laid out
+# like a dense MLP's (embed over X under zero3, mlp over Y), so routing moves
+# no tokens between devices; `expert_rules` puts them over X instead.
 _TP = dict(heads="Y", kv_heads="Y", mlp="Y", vocab="Y", kv=None, layers=None,
-           length=None, batch=None)
+           length=None, batch=None, exp=None)
 
 FSDP_TP = AxisRules(
     params=_table({**_TP, "embed": "X"}),
@@ -65,6 +80,18 @@ FSDP_TP = AxisRules(
 def rules_for(fsdp_params: bool, base: AxisRules = FSDP_TP) -> AxisRules:
   """Weights stored sharded over X (ZeRO-3 / FSDP) or replicated over X."""
   return base if fsdp_params else base.replace("params", embed=None)
+
+
+def expert_rules(rules: AxisRules, axis: str | None) -> AxisRules:
+  """Experts split over mesh axis `axis` (expert parallelism) in all three
+  tables, or left as they are (None). Over X, each device holds E/X whole
+  experts (no FSDP gather of them) and tokens reach their experts by an
+  all-to-all over X and come back by another."""
+  if axis is None:
+    return rules
+  for table in ("params", "compute", "activations"):
+    rules = rules.replace(table, exp=axis)
+  return rules
 
 
 def reshard(x: jax.Array, spec: P) -> jax.Array:

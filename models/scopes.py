@@ -15,6 +15,11 @@ frame names or tracebacks (which change with where packages are installed).
           attention, which on TPU runs as a Pallas kernel keeping its blocks
           in VMEM (MaxText's `attention=flash`); the step-time model counts
           its FLOPs but no HBM traffic of its own.
+  ROUTING the mixture-of-experts dispatch and combine (models.moe): moving
+          tokens to expert slots and back, work the step does but not model
+          FLOPs (MFU leaves it out, as MaxText's count does).
+  EXPERTS the experts' matmuls over their capacity slots, of which only the
+          routed tokens' share is model FLOPs (models.moe.active_fraction).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import re
 LAYERS = "layers"
 LOSS = "loss"
 KERNEL = "fused_kernel"
+ROUTING = "moe_routing"
+EXPERTS = "moe_experts"
 
 _TRANSFORM = re.compile(r"\w+\(|\)")  # jvp(...), transpose(...), remat(...)
 

@@ -17,6 +17,7 @@ from models import attention, scopes
 from models.config import ModelConfig
 from models.layers import Dense, Mlp, Norm, activation, weight
 from models.offload import on_device
+from models.moe import MoeMlp
 from models.remat import policy
 from models.rules import FSDP_TP, AxisRules, reshard
 
@@ -103,6 +104,9 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
+  """One layer; returns the residual stream and, for a mixture of experts,
+  its load-balancing loss (None otherwise)."""
+
   cfg: ModelConfig
   rules: AxisRules
   attention: str
@@ -110,25 +114,34 @@ class Block(nn.Module):
   param_dtype: jnp.dtype
   lora: tuple = (0, ())
   quant: str = "none"
+  capacity_factor: float = 1.0
 
   @nn.compact
-  def __call__(self, x_BxSxD: jax.Array, _) -> tuple[jax.Array, None]:
+  def __call__(self, x_BxSxD: jax.Array,
+               _) -> tuple[jax.Array, jax.Array | None]:
     c = self.cfg
     norm = lambda name: Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                              name=name)
     mods = dict(rules=self.rules, dtype=self.dtype,
                 param_dtype=self.param_dtype, lora=self.lora, quant=self.quant)
-    mlp = Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp", **mods)
+    if c.moe:
+      mlp = MoeMlp(c, self.rules, self.dtype, self.param_dtype,
+                   self.capacity_factor, name="moe")
+    else:
+      dense = Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp", **mods)
+      mlp = lambda h: (dense(h), None)
     if c.parallel_block:
       h = norm("pre_norm")(activation(x_BxSxD, GATHERED, self.rules))
       attn = Attention(c, impl=self.attention, name="attn", **mods)(h)
-      return x_BxSxD + (attn + mlp(h)), None  # one TP reduction for both
+      y, aux = mlp(h)
+      return x_BxSxD + (attn + y), aux  # one TP reduction for both
     if c.attention:
       h = norm("attn_norm")(activation(x_BxSxD, GATHERED, self.rules))
       x_BxSxD = x_BxSxD + Attention(c, impl=self.attention, name="attn",
                                     **mods)(h)
     h = norm("mlp_norm")(activation(x_BxSxD, GATHERED, self.rules))
-    return x_BxSxD + mlp(h), None
+    y, aux = mlp(h)
+    return x_BxSxD + y, aux
 
 
 class Decoder(nn.Module):
@@ -144,6 +157,7 @@ class Decoder(nn.Module):
   remat: str = "none"
   attention: str = "materialized"
   loss_chunks: int = 1
+  capacity_factor: float = 1.0  # mixture of experts: models.moe.capacity
   dtype: jnp.dtype = jnp.bfloat16
   param_dtype: jnp.dtype = jnp.float32
   lora: tuple = (0, ())  # (rank, projections): LoRA adapters (layers.Dense)
@@ -163,25 +177,29 @@ class Decoder(nn.Module):
       x = activation(inputs.astype(self.dtype), RESIDUAL, self.rules)
     blocks = scanned(Block, c.n_layers, self.remat)
     with jax.named_scope(scopes.LAYERS):
-      x, _ = blocks(c, self.rules, self.attention, self.dtype,
-                    self.param_dtype, self.lora, self.quant,
-                    name="blocks")(x, None)
+      x, aux_L = blocks(c, self.rules, self.attention, self.dtype,
+                        self.param_dtype, self.lora, self.quant,
+                        self.capacity_factor, name="blocks")(x, None)
     if c.final_norm:
       x = Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                name="final_norm")(activation(x, GATHERED, self.rules))
     if not c.embeddings:
       # No output layer (seed 004): a stand-in loss that reads every output.
       with jax.named_scope(scopes.LOSS):
-        return jnp.mean(jnp.square(x.astype(jnp.float32)) * targets)
-    x = activation(x, GATHERED, self.rules)
-    if c.tie_embeddings:
-      w_DxV = reshard(table_VxD.astype(self.dtype),
-                      self.rules.spec("compute", ("vocab", "embed"))).T
+        loss = jnp.mean(jnp.square(x.astype(jnp.float32)) * targets)
     else:
-      w_DxV = weight(self, "output", (c.d_model, c.vocab_size),
-                     ("embed", "vocab"), *args)
-    with jax.named_scope(scopes.LOSS):
-      return chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
+      x = activation(x, GATHERED, self.rules)
+      if c.tie_embeddings:
+        w_DxV = reshard(table_VxD.astype(self.dtype),
+                        self.rules.spec("compute", ("vocab", "embed"))).T
+      else:
+        w_DxV = weight(self, "output", (c.d_model, c.vocab_size),
+                       ("embed", "vocab"), *args)
+      with jax.named_scope(scopes.LOSS):
+        loss = chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
+    if c.moe:  # the layers' load-balancing losses, averaged (Switch)
+      loss = loss + c.router_aux_loss_coef * jnp.mean(aux_L)
+    return loss
 
   def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array) -> jax.Array:
     c = self.cfg

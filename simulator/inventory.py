@@ -53,6 +53,9 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
   return {
       "model": cfg.name,
       "num_params": num_params,
+      "active_params": num_params - sum(
+          math.prod(g["shape"]) for g in groups if "exp" in g["logical_axes"]
+      ) * (cfg.n_experts - cfg.experts_per_token) // max(cfg.n_experts, 1),
       "trainable_params": num_params if not settings.lora_rank else sum(
           math.prod(leaf.shape) for path, leaf in flat if path in trainable),
       "quantized_base": quantized_base(full, leaves, settings.base_quant),

@@ -50,6 +50,7 @@ import math
 import numpy as np
 
 from meshes.layout import MeshPlan, abstract_mesh, factorizations, plan_mesh
+from models import moe, scopes
 from simulator.batch_probe import carries_batch, require_probe
 from simulator.comms import axis_bandwidth, ring_time
 from simulator.program import Program, read_traced
@@ -111,6 +112,7 @@ class Work:
   x_exp: int
   y_exp: int
   kind: str = "activation"  # program.Dot.kind
+  useful: float = 1.0  # the share that is model FLOPs (MoE: `_useful`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,12 +166,24 @@ class StepEstimate:
   roofline_mfu: float = 0.0  # the bound: T_math and exposed comm only
 
 
-def fit(program: Program, tokens: int, plan: MeshPlan, seq: int) -> MeshModel:
+def _useful(source: str, expert_fraction: float) -> float:
+  """The share of a matmul that is model FLOPs: none of a mixture of
+  experts' dispatch and combine, the routed share of its experts' slots."""
+  names = scopes.scopes_of(source)
+  if scopes.ROUTING in names:
+    return 0.0
+  return expert_fraction if scopes.EXPERTS in names else 1.0
+
+
+def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
+        expert_fraction: float = 1.0) -> MeshModel:
   """Per-collective and per-matmul linear fits from one probe-batch trace.
 
   A value traced at the probe batch (simulator.batch_probe) either carries the
   batch (all of its bytes or FLOPs are the per-token term) or does not (all of
   them are the fixed term); `tokens` is the probe trace's global token count.
+  expert_fraction: routed token choices over expert slots
+  (models.moe.active_fraction), for the model FLOPs of MFU.
   """
   terms = []
   for c in program.collectives:
@@ -185,7 +199,8 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int) -> MeshModel:
                      0.0 if linear else d.flops_per_device,
                      d.flops_per_device / tokens if linear else 0.0,
                      d.flops_global / tokens if linear else 0.0,
-                     d.x_exp, d.y_exp, d.kind))
+                     d.x_exp, d.y_exp, d.kind,
+                     _useful(d.source, expert_fraction)))
   hbm = tuple(Hbm(t.layer, t.phase, t.count, float(t.fixed),
                   t.linear / tokens) for t in program.traffic)
   counts: dict[str, int] = {}
@@ -205,7 +220,10 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
     traced = trace_probe(cfg, settings, abstract_mesh(plan), residuals=False)
   batch = traced.step.batch["inputs"].shape[0]
   require_probe(batch, plan.X * plan.Y, "fit_mesh", settings.grad_accum)
-  return fit(read_traced(traced), batch * settings.seq, plan, settings.seq)
+  fraction = (moe.active_fraction(cfg, settings.seq, settings.capacity_factor)
+              if cfg.moe else 1.0)
+  return fit(read_traced(traced), batch * settings.seq, plan, settings.seq,
+             fraction)
 
 
 def _layer_times(model: MeshModel, tokens: float, hw: Hardware, phases,
@@ -282,13 +300,16 @@ def _model_flops(model: MeshModel, tokens: float, backward: bool) -> float:
   input gradients (the forward again for weight matmuls, twice for those of
   two activations) and the weight gradients the step takes (for every
   weight: the forward's weight matmuls again, i.e. 3 x forward; with LoRA
-  the adapters' alone)."""
-  fwd = sum(w.g1 * w.count for w in model.work if w.phase == "forward")
+  the adapters' alone). A mixture of experts counts its routed tokens'
+  share of the experts' matmuls and no dispatch (Work.useful), as MaxText
+  counts the top-k experts."""
+  g = lambda w: w.g1 * w.count * w.useful
+  fwd = sum(g(w) for w in model.work if w.phase == "forward")
   if not backward:
     return fwd * tokens
-  weights = sum(w.g1 * w.count for w in model.work
+  weights = sum(g(w) for w in model.work
                 if w.phase == "forward" and w.kind == "weight")
-  taken = sum(w.g1 * w.count for w in model.work
+  taken = sum(g(w) for w in model.work
               if w.phase == "backward" and w.kind == "weight_grad")
   return (3 * fwd - weights + taken) * tokens
 

@@ -83,6 +83,9 @@ class SweepSpec:
   lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
   base_quant: str = "none"
   offload: tuple[str, ...] = ()
+  moe_dispatch: str = "capacity"  # mixture of experts (models.moe)
+  capacity_factor: float = 1.0
+  expert_axis: str = "none"
 
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""
@@ -110,7 +113,10 @@ class SweepSpec:
                          grad_accum=self.grad_accum, lora_rank=self.lora_rank,
                          lora_targets=tuple(self.lora_targets),
                          base_quant=self.base_quant,
-                         offload=tuple(self.offload))
+                         offload=tuple(self.offload),
+                         moe_dispatch=self.moe_dispatch,
+                         capacity_factor=self.capacity_factor,
+                         expert_axis=self.expert_axis)
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""

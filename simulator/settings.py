@@ -14,6 +14,8 @@ SHARDS = ("dp", "zero1", "zero2", "zero3")
 LORA_TARGETS = ("q", "k", "v", "o", "wi", "wi_gate", "wo")
 BASE_QUANTS = QUANTS  # how the frozen base may be stored (models.quant)
 OFFLOADS = ("optimizer", "params")  # state kept in pinned host memory
+MOE_DISPATCHES = ("capacity",)  # models.moe
+EXPERT_AXES = ("none", "x")  # experts unsplit, or split over X (all-to-all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,12 @@ class TrainSettings:
   lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
   base_quant: str = "none"  # the frozen base's projections stored quantized
   offload: tuple[str, ...] = ()  # OFFLOADS kept in host memory between steps
+  # Mixture of experts (ignored by dense models): how tokens reach experts,
+  # each expert's slots per sequence relative to an even share, and the mesh
+  # axis the experts are split over.
+  moe_dispatch: str = "capacity"
+  capacity_factor: float = 1.0
+  expert_axis: str = "none"
 
   def __post_init__(self):
     for field in ("lora_targets", "offload"):  # JSON gives lists
@@ -44,10 +52,16 @@ class TrainSettings:
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{field}={value!r} must be a positive integer")
     for field, valid in (("attention", ATTENTIONS), ("optimizer", OPTIMIZERS),
-                         ("precision", PRECISIONS), ("shard", SHARDS)):
+                         ("precision", PRECISIONS), ("shard", SHARDS),
+                         ("moe_dispatch", MOE_DISPATCHES),
+                         ("expert_axis", EXPERT_AXES)):
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r}; valid: "
                          f"{', '.join(valid)}")
+    cf = self.capacity_factor
+    if not (isinstance(cf, (int, float)) and 0 < cf < float("inf")):
+      raise ValueError(f"capacity_factor={cf!r} must be a positive number "
+                       "(1.0: each expert takes an even share of the tokens)")
     if self.batch % self.grad_accum:
       raise ValueError(f"batch={self.batch} is not a multiple of grad_accum="
                        f"{self.grad_accum}; the step runs batch/grad_accum "

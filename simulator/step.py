@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models.config import ModelConfig
 from models.params import abstract_params, module_class
-from models.rules import FSDP_TP, AxisRules, rules_for
+from models.rules import FSDP_TP, AxisRules, expert_rules, rules_for
 from models.transformer import RESIDUAL
 from simulator.optimizers import PRECISION, make_optimizer
 from simulator.settings import TrainSettings
@@ -69,7 +69,8 @@ def make_model(cfg: ModelConfig, settings: TrainSettings, rules: AxisRules):
       loss_chunks=settings.loss_chunks,
       param_dtype=PRECISION[settings.precision].param_dtype,
       lora=(settings.lora_rank, tuple(settings.lora_targets)),
-      quant=settings.base_quant)
+      quant=settings.base_quant,
+      **({"capacity_factor": settings.capacity_factor} if cfg.moe else {}))
 
 
 def batch_shapes(cfg: ModelConfig, settings: TrainSettings,
@@ -181,6 +182,8 @@ def step_rules(cfg: ModelConfig, settings: TrainSettings, mesh,
   shards per shard mode, and kv heads replicated where Y does not divide
   them (`kv_heads_replicated`)."""
   shard = settings.shard
+  if cfg.moe and settings.expert_axis == "x":
+    base_rules = expert_rules(base_rules, "X")
   tables = (rules_for(shard == "zero3", base_rules),
             rules_for(shard != "dp", base_rules),
             rules_for(shard in ("zero2", "zero3"), base_rules))
@@ -209,6 +212,12 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     raise ValueError(f"target_seq={settings.target_seq}: {cfg.name} has no "
                      "encoder; target_seq is an encoder-decoder's decoder "
                      "length")
+  mlp_targets = sorted(set(settings.lora_targets) & {"wi", "wi_gate", "wo"})
+  if cfg.moe and settings.lora_rank and mlp_targets:
+    raise ValueError(f"lora_targets={','.join(settings.lora_targets)}: "
+                     f"{mlp_targets[0]!r} is in {cfg.name}'s mixture of "
+                     "experts, where adapters are not built; valid: q, k, v, "
+                     "o")
   rules, opt_rules, grad_rules = step_rules(cfg, settings, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = make_model(cfg, settings, rules)
