@@ -46,6 +46,29 @@ def test_plan(name, x, y, x_axes, y_axes, wrap_x, wrap_y):
   assert (plan.wrap_x, plan.wrap_y) == (wrap_x, wrap_y)
 
 
+@pytest.mark.parametrize("name,x,y,x_hosts,y_hosts", [
+    ("h100:2x8", 2, 8, 2, 1),  # TP in the node, data parallel over InfiniBand
+    ("h100:2x8", 4, 4, 2, 1),
+    ("h100:2x8", 16, 1, 2, 1),
+    ("h100:2x8", 1, 16, 1, 2),  # Y larger than a node takes both
+    ("h100:4x8", 2, 16, 2, 2),
+    ("v5p-256x2", 64, 4, 2, 1),  # MaxText: dcn_data_parallelism=2
+])
+def test_axes_over_hosts(name, x, y, x_hosts, y_hosts):
+  plan = _plan(name, x, y)
+  assert (plan.x_hosts, plan.y_hosts) == (x_hosts, y_hosts)
+  assert plan.local("X") * plan.x_hosts == x
+  assert plan.local("Y") * plan.y_hosts == y
+
+
+def test_meshes_that_cannot_lay_over_hosts():
+  topo = parse_topology("h100:3x8")
+  assert (3, 8) in layout.mesh_shapes(topo)
+  assert (2, 12) not in layout.mesh_shapes(topo)  # 12 neither divides 8 nor is 8k
+  with pytest.raises(ValueError, match="Y=12 must divide a host's 8 chips"):
+    _plan("h100:3x8", 2, 12)
+
+
 def test_seed_004_mesh_on_v5p_128():
   plan = _plan("v5p:4x4x4", 16, 4)
   assert (plan.M_X, plan.M_Y, plan.wrap_x, plan.wrap_y) == (2, 1, True, True)
