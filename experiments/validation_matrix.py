@@ -1,8 +1,10 @@
 """The validation corpus compiled, or re-checked from kept results.
 
-  python -m experiments.validation_matrix [--only=N,M] [--jsonl=F]
+  python -m experiments.validation_matrix [--corpus=tpu|gpu] [--only=N,M] [--jsonl=F]
       compile the cases of experiments.validation_corpus for their TPU
-      topologies through libtpu (no TPU needed), appending each result to F
+      topologies through libtpu (no TPU needed), or with --corpus=gpu those of
+      experiments.gpu_corpus for GPU clusters through the CUDA plugin,
+      appending each result to F
   python -m experiments.validation_matrix --from_jsonl=experiments/data/compiled_corpus.jsonl
       recompute the symbolic side of every kept row against its compiled
       figures (no compiling; seconds) and rewrite the table
@@ -25,12 +27,16 @@ import time
 from absl import flags
 
 from experiments import cli
-from experiments.validation_corpus import CASES, PARTS
+from experiments import gpu_corpus, validation_corpus
+from experiments.validation_corpus import PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "experiments/validation.md", "results table (markdown)")
+flags.DEFINE_enum("corpus", "tpu", ["tpu", "gpu"], "which corpus to compile: "
+                  "experiments.validation_corpus or experiments.gpu_corpus")
+flags.DEFINE_string("out", None, "results table (markdown); default "
+                    "experiments/validation.md, or validation_gpu.md")
 flags.DEFINE_string("jsonl", None, "also append each result as a JSON line here")
 flags.DEFINE_string("only", None, "comma-separated config indices to run")
 flags.DEFINE_string("from_jsonl", None, "re-check these kept results "
@@ -148,16 +154,22 @@ def _row(i: int, r: dict) -> list[str]:
 
 
 def write(rows: list[dict], path: str, started: float) -> None:
-  head = ["# Validation: symbolic memory vs the XLA compiler (TPU via libtpu)",
+  gpu = bool(rows) and all(_part(r) == "gpu" for r in rows)
+  target, how = (("NVIDIA GPUs via the CUDA plugin, no GPU", "XLA:GPU's "
+                  "arguments plus its temp arena, outputs aliased")
+                 if gpu else ("TPU via libtpu", "the TPU compiler's heap "
+                              "simulation"))
+  head = [f"# Validation: symbolic memory vs the XLA compiler ({target})",
           "",
-          "Written by `python -m experiments.validation_matrix`; per-device "
+          "Written by `python -m experiments.validation_matrix"
+          f"{' --corpus=gpu' if gpu else ''}`; per-device "
           "bytes in GiB (2**30). Relative error = (symbolic - compiled) / "
           "compiled. Compiled peak = `memory_analysis().peak_memory_in_bytes` "
-          "(the TPU compiler's heap simulation); symbolic `peak` includes the "
+          f"({how}); symbolic `peak` includes the "
           "10% planning overhead, `peak-ovh` is the figure held against "
           "XLA's. Parts: `tune` (the rules were read off these), `check` "
           "(nobody tuned on them), `toy` (sub-4-MiB steps, outside the "
-          "targets). Settings other than zero3, mixed, flash, one loss "
+          "targets), `gpu` (experiments.gpu_corpus). Settings other than zero3, mixed, flash, one loss "
           "chunk are listed.", "", "## Summary", ""]
   head += summary(rows)
   compile_s = sum(r["compiled"]["compile_seconds"] for r in rows
@@ -171,14 +183,24 @@ def write(rows: list[dict], path: str, started: float) -> None:
     f.write("\n".join(head) + "\n")
 
 
+def _cases() -> list:
+  return (gpu_corpus if FLAGS.corpus == "gpu" else validation_corpus).CASES
+
+
+def _out() -> str:
+  return FLAGS.out or ("experiments/validation_gpu.md" if FLAGS.corpus == "gpu"
+                       else "experiments/validation.md")
+
+
 def _chosen(only: str | None) -> list[int]:
+  CASES = _cases()  # pylint: disable=invalid-name
   if not only:
     return list(range(len(CASES)))
   out = []
   for part in only.split(","):
     if not part.strip().isdigit() or int(part) >= len(CASES):
       cli.fail(f"--only={only!r}: {part!r} is not a config index; valid: 0 to "
-               f"{len(CASES) - 1} (experiments.validation_corpus.CASES)")
+               f"{len(CASES) - 1} (the --corpus's CASES)")
     out.append(int(part))
   return out
 
@@ -209,14 +231,14 @@ def main(argv):
   started = time.time()
   if FLAGS.from_jsonl:
     rows = [crosscheck.recheck(r) for r in _read_rows(FLAGS.from_jsonl)]
-    write(rows, FLAGS.out, started)
+    write(rows, _out(), started)
     _say(f"re-checked {len(rows)} kept rows in {time.time() - started:.1f} s")
     return
   from meshes.layout import parse_mesh
   rows = []
   chosen = _chosen(FLAGS.only)
   for n, i in enumerate(chosen):
-    case = CASES[i]
+    case = _cases()[i]
     x, y = parse_mesh(case.mesh)
     label = f"[{n + 1}/{len(chosen)} #{i} {case.label()}]"
     _say(f"{label} start ({time.time() - started:.0f} s elapsed)")
@@ -231,7 +253,7 @@ def main(argv):
     if FLAGS.jsonl:
       with open(FLAGS.jsonl, "a") as f:
         f.write(json.dumps(r, default=str) + "\n")
-    write(rows, FLAGS.out, started)
+    write(rows, _out(), started)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,10 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   say = progress or (lambda _: None)
   step = build_step(cfg, settings, mesh)
   t0 = time.perf_counter()
-  on_tpu = mesh.devices.flat[0].platform == "tpu"
+  platform = mesh.devices.flat[0].platform
+  # TPU: always (the peak's buffers are read off them); GPU: when asked
+  # (its memory-usage report names what is live; read_peak knows TPU names).
+  dumps = platform == "tpu" or (platform == "gpu" and bool(dump_dir))
   keep = contextlib.nullcontext(dump_dir) if dump_dir else None
   with jax.set_mesh(mesh), keep or tempfile.TemporaryDirectory() as dump:
     traced = jax.jit(step.fn, donate_argnums=(0, 1)).trace(*step.args)
@@ -203,10 +206,10 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
     compiled = lowered.compile(
         compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
-                          "xla_dump_hlo_pass_re": "^$"} if on_tpu else None)
+                          "xla_dump_hlo_pass_re": "^$"} if dumps else None)
     seconds = time.perf_counter() - t0
     hlo_text = _optimized_hlo(compiled, dump, module)
-    peak = xla_peak.read_peak(dump, module) if on_tpu else None
+    peak = xla_peak.read_peak(dump, module) if platform == "tpu" else None
   say(f"{label}compiled in {seconds:.1f} s")
   return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak)
 
