@@ -170,3 +170,11 @@ def test_cpu_mesh():
   assert mesh.axis_types == EXPLICIT
   with pytest.raises(ValueError, match="jax_num_cpu_devices"):
     layout.cpu_mesh(n + 1, 1)
+
+
+def test_multi_slice_device_mesh_puts_x_across_slices():
+  # libtpu's num_slices: v5p-8x2 is 2 slices of 4 chips; X = 2 slices x 2.
+  mesh = layout.device_mesh(_plan("v5p-8x2", 4, 2))
+  slices = [[d.slice_index for d in row] for row in mesh.devices]
+  assert slices == [[0, 0], [0, 0], [1, 1], [1, 1]]
+  assert len({d.id for d in mesh.devices.flat}) == 8
