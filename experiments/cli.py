@@ -13,6 +13,10 @@ from typing import Callable
 # topology API, which works under this setting too.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# Errors stay one line with the gpu extra installed: importing meshes loads
+# jax's plugins with their native logs hidden (meshes.quiet).
+import meshes  # noqa: E402,F401  pylint: disable=unused-import
+
 from absl import app, flags  # noqa: E402
 
 from simulator import settings as S  # noqa: E402

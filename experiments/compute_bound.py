@@ -114,9 +114,14 @@ def main(argv):
   if f.format == "json":
     print(json.dumps(out, indent=1))
     return
+  links = (f"NVLink {hw.link_bandwidth:.3g} B/s one-way per GPU, NCCL's "
+           f"ring/tree/NVLS with latencies" if topo.chip.kind == "gpu" else
+           f"link={hw.link_bandwidth:.3g} B/s one-way (W_ici="
+           f"{2 * hw.link_bandwidth:.3g} wrapped), ring={f.ring}")
+  if topo.hosts > 1:
+    links += f", {topo.network.name} between {topo.network.hosts_word}"
   print(f"{cfg.name} on {topo.describe()}, pass={pass_}, C={hw.flops_per_chip:.3g}"
-        f" FLOP/s, link={hw.link_bandwidth:.3g} B/s one-way (W_ici="
-        f"{2 * hw.link_bandwidth:.3g} wrapped), ring={f.ring}, step/MFU at "
+        f" FLOP/s, {links}, step/MFU at "
         f"{tokens:.0f} tokens (MFU: predicted, with the fusions' HBM time "
         f"T_hbm_s; MFU_bound: the roofline's, without it)")
   hdr = ("X", "Y", "M_X", "M_Y", "tok/dev", "tok_global", "T_math_s", "T_comm_s",

@@ -19,12 +19,14 @@ from absl import flags
 from experiments import cli
 from meshes.hardware import GiB
 from simulator import memory
+from simulator.memory.capacity import capacity_bytes
 
 FLAGS = flags.FLAGS
 cli.define_model_flags()
 cli.define_train_flags()
-flags.DEFINE_float("hbm_fraction", 0.85, "the share of HBM the peak may use "
-                   "(the playbook keeps 15-20% free)")
+flags.DEFINE_float("hbm_fraction", 0.85, "the share of HBM (on GPUs: of JAX's "
+                   "pool, simulator.memory.capacity) the peak may use (the "
+                   "playbook keeps 15-20% free)")
 flags.DEFINE_bool("confirm", False, "compile the answer for the topology")
 
 
@@ -38,9 +40,10 @@ def main(argv) -> None:
   step = plan.X * settings.grad_accum  # whole sequences per micro-batch shard
   settings = dataclasses.replace(settings, batch=step)
   estimate = memory.memory_report(cfg, settings, plan)
-  cap = int(FLAGS.hbm_fraction * plan.topology.chip.hbm_bytes)
+  usable = capacity_bytes(plan)  # a GPU: JAX's pool (simulator.memory.capacity)
+  cap = int(FLAGS.hbm_fraction * usable)
   best = memory.largest_batch(estimate, cap, step)
-  where = (f"{FLAGS.hbm_fraction:.0%} of {plan.topology.chip.hbm_bytes / GiB:.0f}"
+  where = (f"{FLAGS.hbm_fraction:.0%} of {usable / GiB:.0f}"
            f" GiB = {cap / GiB:.2f} GiB per device, mesh {plan.X}x{plan.Y}")
   if not best:
     need = estimate.at_batch(step).compiled_comparable_peak

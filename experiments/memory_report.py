@@ -20,6 +20,7 @@ from absl import flags
 from experiments import cli
 from meshes.hardware import GiB
 from simulator import memory
+from simulator.memory import capacity
 from simulator.step import kv_heads_note, kv_heads_replicated
 
 FLAGS = flags.FLAGS
@@ -35,7 +36,18 @@ def _row(name: str, n: int, hbm: int) -> str:
   return f"  {name:<14} {_gib(n)} {100 * n / hbm:6.1f}%"
 
 
-def render(estimate: memory.MemoryEstimate, header: str) -> str:
+def _budget_lines(budget: capacity.GpuBudget) -> list[str]:
+  """The GPU's memory as JAX divides it, a line per figure with its source."""
+  lines = ["", "GPU memory as JAX divides it (per GPU):"]
+  lines += [f"  {x.name:<32} {_gib(x.bytes)} GiB  ({x.source})"
+            for x in budget.lines()]
+  lines.append(f"  the step may use min(pool, device - outside the pool) = "
+               f"{budget.capacity_bytes / GiB:.3f} GiB")
+  return lines
+
+
+def render(estimate: memory.MemoryEstimate, header: str,
+           budget: capacity.GpuBudget | None = None) -> str:
   hbm = estimate.hbm_bytes
   pd = estimate.per_device_bytes
   lines = [header, "", "the step's tensors          GiB   % HBM"]
@@ -53,9 +65,12 @@ def render(estimate: memory.MemoryEstimate, header: str) -> str:
             _row("+ overhead", pd["overhead"], hbm),
             _row("= plan with", pd["peak"], hbm)]
   verdict = "fits" if estimate.fits else "does NOT fit"
+  if budget:
+    lines += _budget_lines(budget)
   lines += [
       "",
-      f"HBM per chip {hbm / GiB:.2f} GiB: {verdict} with the "
+      f"{'usable by XLA' if budget else 'HBM'} per chip {hbm / GiB:.2f} GiB: "
+      f"{verdict} with the "
       f"{memory.OVERHEAD_FRACTION:.0%} planning overhead (runtime and "
       f"fragmentation, {memory.OVERHEAD_FRACTION:.0%} of XLA's peak); "
       f"headroom {estimate.headroom_bytes / GiB:.3f} GiB",
@@ -80,9 +95,13 @@ def main(argv):
   settings = cli.train_settings()
   estimate = memory.memory_report(cfg, settings, plan)
   replicated = kv_heads_replicated(cfg, plan.Y)
+  budget = (capacity.gpu_budget(plan) if plan.topology.chip.kind == "gpu"
+            else None)
   if FLAGS.format == "json":
     print(json.dumps({**memory.to_json(estimate),
-                      "kv_heads_replicated": replicated}, indent=1))
+                      "kv_heads_replicated": replicated,
+                      "gpu_memory": budget.to_json() if budget else None},
+                     indent=1))
   else:
     header = f"{cli.settings_line(cfg.name, settings)}\n{plan.describe()}"
     if replicated:
@@ -94,7 +113,7 @@ def main(argv):
                      f"; its layer projections stored as "
                      f"{settings.base_quant} (models.quant)"
                      if settings.base_quant != "none" else ""))
-    print(render(estimate, header))
+    print(render(estimate, header, budget))
 
 
 if __name__ == "__main__":

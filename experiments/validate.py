@@ -3,10 +3,12 @@
   python -m experiments.validate --model=llama2_7b --topology=v5p-128 --mesh=16x4 \
       --batch=64 --seq=2048 --remat=full [--target=cpu|gpu] [--format=json]
 
-The step is compiled for --topology through libtpu (no TPU needed), or with
---target=cpu on CPU fake devices (X*Y of them), or --target=gpu on local GPUs
-(--execute_steps N then also runs N steps and reads device.memory_stats();
-on cpu it runs them too, which checks the step executes).
+The step is compiled for --topology with no accelerator attached: TPU slices
+through libtpu, GPU clusters (h100:2x8, ...) through the CUDA plugin (the `gpu`
+extra; --target=gpu says the same); or with --target=cpu on CPU fake devices
+(X*Y of them). --target=gpu --execute_steps=N runs N steps on the local GPUs
+instead and reads device.memory_stats() (on cpu it runs them too, which checks
+the step executes).
 Rows: arguments (params + optimizer + batch, TPU tile padding included), temp
 (the compiled-comparable peak minus the arguments), peak (the arguments plus
 the largest live set of the heap simulation, without the planning overhead;
@@ -27,8 +29,10 @@ from meshes.hardware import GiB
 FLAGS = flags.FLAGS
 cli.define_model_flags()
 cli.define_train_flags()
-flags.DEFINE_string("target", None, "compile for: the --topology (default, TPU via "
-                    "libtpu), cpu (fake CPU devices) or gpu (local GPUs)")
+flags.DEFINE_string("target", None, "compile for: the --topology (default; TPU "
+                    "via libtpu, GPU via the CUDA plugin, no device needed), cpu "
+                    "(fake CPU devices) or gpu (the GPU --topology; with "
+                    "--execute_steps, the local GPUs)")
 flags.DEFINE_integer("execute_steps", 0, "on --target=gpu (or cpu), run this "
                      "many steps on random data and read device.memory_stats() "
                      "peak (GPU; the CPU keeps none)", lower_bound=0)
@@ -77,6 +81,10 @@ def render(result: dict, header: str) -> str:
     lines.append(f"{name:<16} {a / GiB:13.4f} {b / GiB:13.4f} {_pct(r):>10}")
   lines += ["", f"symbolic peak at {s['peak_where']}: " + ", ".join(
       f"{k} {v / GiB:.4f}" for k, v in s["at_peak"].items() if v) + " GiB",
+            f"compiled peak {c['peak_bytes'] / GiB:.4f} of the "
+            f"{c['capacity_bytes'] / GiB:.4f} GiB the step may use "
+            f"(simulator.memory.capacity): "
+            f"{'fits' if c['fits'] else 'does NOT fit'}",
             f"compiled: output {c['output_bytes'] / GiB:.4f}, alias "
             f"{c['alias_bytes'] / GiB:.4f}, generated code "
             f"{c['generated_code_bytes'] / GiB:.4f} GiB; peak from {c['peak_source']};"
@@ -148,6 +156,12 @@ def main(argv):
     from simulator.compiled import ensure_cpu_devices
     ensure_cpu_devices(x * y)
   settings = cli.train_settings()
+  target = FLAGS.target
+  if target == "gpu" and not FLAGS.execute_steps:
+    if topology.chip.kind != "gpu":
+      cli.fail(f"--target=gpu compiles for a GPU --topology (h100:2x8, ...); "
+               f"{FLAGS.topology} is a TPU topology")
+    target = None  # the GPU topology, deviceless
   if FLAGS.dump_dir:
     import os
     if os.path.exists(FLAGS.dump_dir) and not os.path.isdir(FLAGS.dump_dir):
@@ -157,7 +171,7 @@ def main(argv):
   from simulator import crosscheck
   try:
     result = crosscheck.validate(cfg, settings, FLAGS.topology, x, y,
-                                 FLAGS.target, FLAGS.execute_steps,
+                                 target, FLAGS.execute_steps,
                                  dump_dir=FLAGS.dump_dir)
   except Exception as e:  # an out-of-HBM compile is an answer
     oom = crosscheck.hbm_oom(str(e))
@@ -172,7 +186,7 @@ def main(argv):
   else:
     header = (f"{cli.settings_line(cfg.name, settings)}\nmesh {x}x{y} on "
               f"{topology.describe()}; compiled for "
-              f"{FLAGS.target or FLAGS.topology} (jax {jax.__version__})")
+              f"{target or FLAGS.topology} (jax {jax.__version__})")
     print(render(result, header))
 
 

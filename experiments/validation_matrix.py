@@ -1,10 +1,11 @@
 """The validation corpus compiled, or re-checked from kept results.
 
-  python -m experiments.validation_matrix [--only=N,M] [--jsonl=F]
+  python -m experiments.validation_matrix [--corpus=tpu|gpu] [--only=N,M] [--jsonl=F]
       [--workers=K] [--ray_address=ray://HOST:PORT|auto|local]
       compile the cases of experiments.validation_corpus for their TPU
-      topologies through libtpu (no TPU needed), K at a time (here, or as
-      Ray tasks), appending each result to F as it finishes
+      topologies through libtpu (no TPU needed), or with --corpus=gpu those of
+      experiments.gpu_corpus for GPU clusters through the CUDA plugin, K at a
+      time (here, or as Ray tasks), appending each result to F as it finishes
   python -m experiments.validation_matrix --from_jsonl=experiments/data/compiled_corpus.jsonl
       recompute the symbolic side of every kept row against its compiled
       figures (no compiling; seconds) and rewrite the table
@@ -27,12 +28,16 @@ import time
 from absl import flags
 
 from experiments import cli
-from experiments.validation_corpus import CASES, DEFAULT_SETTINGS, PARTS
+from experiments import gpu_corpus, validation_corpus
+from experiments.validation_corpus import DEFAULT_SETTINGS, PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "experiments/validation.md", "results table (markdown)")
+flags.DEFINE_enum("corpus", "tpu", ["tpu", "gpu"], "which corpus to compile: "
+                  "experiments.validation_corpus or experiments.gpu_corpus")
+flags.DEFINE_string("out", None, "results table (markdown); default "
+                    "experiments/validation.md, or validation_gpu.md")
 flags.DEFINE_string("jsonl", None, "also append each result as a JSON line here")
 flags.DEFINE_string("only", None, "comma-separated config indices to run")
 flags.DEFINE_string("from_jsonl", None, "re-check these kept results "
@@ -150,16 +155,22 @@ def _row(i: int, r: dict) -> list[str]:
 
 
 def write(rows: list[dict], path: str, started: float) -> None:
-  head = ["# Validation: symbolic memory vs the XLA compiler (TPU via libtpu)",
+  gpu = bool(rows) and all(_part(r) == "gpu" for r in rows)
+  target, how = (("NVIDIA GPUs via the CUDA plugin, no GPU", "XLA:GPU's "
+                  "arguments plus its temp arena, outputs aliased")
+                 if gpu else ("TPU via libtpu", "the TPU compiler's heap "
+                              "simulation"))
+  head = [f"# Validation: symbolic memory vs the XLA compiler ({target})",
           "",
-          "Written by `python -m experiments.validation_matrix`; per-device "
+          "Written by `python -m experiments.validation_matrix"
+          f"{' --corpus=gpu' if gpu else ''}`; per-device "
           "bytes in GiB (2**30). Relative error = (symbolic - compiled) / "
           "compiled. Compiled peak = `memory_analysis().peak_memory_in_bytes` "
-          "(the TPU compiler's heap simulation); symbolic `peak` includes the "
+          f"({how}); symbolic `peak` includes the "
           "10% planning overhead, `peak-ovh` is the figure held against "
           "XLA's. Parts: `tune` (the rules were read off these), `check` "
           "(nobody tuned on them), `toy` (sub-4-MiB steps, outside the "
-          "targets). Settings other than zero3, mixed, flash, one loss "
+          "targets), `gpu` (experiments.gpu_corpus). Settings other than zero3, mixed, flash, one loss "
           "chunk are listed.", "", "## Summary", ""]
   head += summary(rows)
   compile_s = sum(r["compiled"]["compile_seconds"] for r in rows
@@ -173,14 +184,24 @@ def write(rows: list[dict], path: str, started: float) -> None:
     f.write("\n".join(head) + "\n")
 
 
+def _cases() -> list:
+  return (gpu_corpus if FLAGS.corpus == "gpu" else validation_corpus).CASES
+
+
+def _out() -> str:
+  return FLAGS.out or ("experiments/validation_gpu.md" if FLAGS.corpus == "gpu"
+                       else "experiments/validation.md")
+
+
 def _chosen(only: str | None) -> list[int]:
+  CASES = _cases()  # pylint: disable=invalid-name
   if not only:
     return list(range(len(CASES)))
   out = []
   for part in only.split(","):
     if not part.strip().isdigit() or int(part) >= len(CASES):
       cli.fail(f"--only={only!r}: {part!r} is not a config index; valid: 0 to "
-               f"{len(CASES) - 1} (experiments.validation_corpus.CASES)")
+               f"{len(CASES) - 1} (the --corpus's CASES)")
     out.append(int(part))
   return out
 
@@ -211,7 +232,7 @@ def main(argv):
   started = time.time()
   if FLAGS.from_jsonl:
     rows = [crosscheck.recheck(r) for r in _read_rows(FLAGS.from_jsonl)]
-    write(rows, FLAGS.out, started)
+    write(rows, _out(), started)
     _say(f"re-checked {len(rows)} kept rows in {time.time() - started:.1f} s")
     return
   import concurrent.futures as cf
@@ -221,29 +242,30 @@ def main(argv):
   _say(f"compiling {len(chosen)} configs {pool.where}")
   rows: list = []
   try:
-    jobs = {pool.submit(compile_index, i, pool.workers == 1
+    jobs = {pool.submit(compile_index, FLAGS.corpus, i, pool.workers == 1
                         and not FLAGS.ray_address): i for i in chosen}
     for future in cf.as_completed(jobs):
       i = jobs[future]
       r = future.result()
-      _say(f"[{len(rows) + 1}/{len(chosen)} #{i} {CASES[i].label()}] "
+      _say(f"[{len(rows) + 1}/{len(chosen)} #{i} {_cases()[i].label()}] "
            f"{r.get('error') or 'compiled'} "
            f"({time.time() - started:.0f} s elapsed)")
       rows.append(r)
       if FLAGS.jsonl:
         with open(FLAGS.jsonl, "a") as f:
           f.write(json.dumps(r, default=str) + "\n")
-      write(sorted(rows, key=lambda r: r["config"]["index"]), FLAGS.out,
+      write(sorted(rows, key=lambda r: r["config"]["index"]), _out(),
             started)
   finally:
     pool.close()
 
 
-def compile_index(i: int, progress: bool = False) -> dict:
-  """Case i compiled for its topology, as a kept row (a worker runs this)."""
+def compile_index(corpus: str, i: int, progress: bool = False) -> dict:
+  """Case i of `corpus` ("tpu" or "gpu") compiled for its topology, as a
+  kept row (a worker runs this)."""
   from meshes.layout import parse_mesh
   from simulator import crosscheck
-  case = CASES[i]
+  case = (gpu_corpus if corpus == "gpu" else validation_corpus).CASES[i]
   x, y = parse_mesh(case.mesh)
   label = f"[#{i} {case.label()}]"
   r = crosscheck.compile_case(

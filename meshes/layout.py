@@ -6,11 +6,16 @@ M times one axis's. Y (tensor parallelism, the most communication per FLOP) is l
 first, on whole physical axes where the sizes allow, and X takes what is left. A mesh
 axis that covers part of a physical axis still counts that axis in its M, but gets no
 wraparound there: its ring is a line, which roughly doubles ring-collective time.
+
+Over several hosts (GPU nodes, TPU slices: `Topology.hosts`) Y stays inside a host
+where it fits (tensor parallelism on NVLink / ICI, as everyone runs it) and X spans
+the hosts: MaxText's `dcn_data_parallelism` = hosts with `ici_tensor_parallelism`
+= Y. A Y larger than a host takes whole hosts (`y_hosts`) and X the rest
+(`x_hosts`); the axes' physical layout inside a host is the single-host one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import math
@@ -22,6 +27,7 @@ from jax.experimental import topologies
 from jax.sharding import AbstractMesh, AxisType, Mesh
 import numpy as np
 
+from meshes.quiet import native_stderr_quiet
 from meshes.topology import Topology
 
 AXIS_NAMES = ("X", "Y")
@@ -36,7 +42,9 @@ class MeshPlan:
   y_split[a] is how many of axis a's chips Y takes (1: none, shape[a]: all); where
   both share an axis, Y takes the contiguous inner part and X strides over it.
   M_X / M_Y default to len(x_axes) / len(y_axes) (0 for a size-1 mesh axis) and may
-  be overridden to reproduce a paper's assumptions.
+  be overridden to reproduce a paper's assumptions. x_hosts / y_hosts: how many
+  hosts each mesh axis spans (their product is topology.hosts); the axis's
+  devices inside one host are its size divided by that.
   """
 
   topology: Topology
@@ -49,12 +57,25 @@ class MeshPlan:
   wrap_x: bool
   wrap_y: bool
   y_split: tuple[int, ...]
+  x_hosts: int = 1
+  y_hosts: int = 1
+
+  def hosts(self, axis: str) -> int:
+    """How many hosts mesh axis `axis` spans (1: it stays inside a host)."""
+    return self.x_hosts if axis == "X" else self.y_hosts
+
+  def local(self, axis: str) -> int:
+    """The devices of mesh axis `axis` inside one host."""
+    return (self.X if axis == "X" else self.Y) // self.hosts(axis)
 
   def describe(self) -> str:
     """E.g. 'mesh 16x4 on v5p-128 (64 chips, 4x4x4): X spans axes (1, 2) ...'."""
     def axis(name, axes, m, wrap):
       ring = "wraparound" if wrap else "no wraparound"
-      return f"{name} spans axes {axes} (M_{name}={m}, {ring})"
+      hosts = self.hosts(name)
+      net = (f", {hosts} {self.topology.network.hosts_word} x "
+             f"{self.local(name)}" if hosts > 1 else "")
+      return f"{name} spans axes {axes} (M_{name}={m}, {ring}{net})"
     return (f"mesh {self.X}x{self.Y} on {self.topology.describe()}: "
             f"{axis('X', self.x_axes, self.M_X, self.wrap_x)}; "
             f"{axis('Y', self.y_axes, self.M_Y, self.wrap_y)}")
@@ -82,26 +103,52 @@ def plan_mesh(topology: Topology, X: int, Y: int, m_x: int | None = None,
               m_y: int | None = None) -> MeshPlan:
   """Lays Y, then X, over the physical axes; see the module docstring."""
   if X <= 0 or Y <= 0 or X * Y != topology.chips:
-    valid = ", ".join(f"{x}x{y}" for x, y in factorizations(topology.chips))
+    valid = ", ".join(f"{x}x{y}" for x, y in mesh_shapes(topology))
     raise ValueError(
         f"mesh {X}x{Y} has {X * Y} devices but {topology.name} has "
         f"{topology.chips} chips; valid meshes: {valid}")
   for name, m in (("m_x", m_x), ("m_y", m_y)):
     if m is not None and m <= 0:
       raise ValueError(f"{name}={m} must be a positive number of physical axes")
+  x_hosts, y_hosts = _host_split(topology, X, Y)
   shape = topology.shape
-  y_axes, y_split = _lay_out(shape, Y)
+  y_local = Y // y_hosts
+  y_axes, y_split = _lay_out(shape, y_local)
   x_axes = tuple(a for a, s in enumerate(shape) if s // y_split[a] > 1)
   spans_all = topology.fully_connected
-  wrap_y = Y > 1 and all(topology.wraparound[a] and (spans_all or y_split[a] == shape[a])
-                         for a in y_axes)
-  wrap_x = X > 1 and all(topology.wraparound[a] and (spans_all or y_split[a] == 1)
-                         for a in x_axes)
+  wrap_y = y_local > 1 and all(
+      topology.wraparound[a] and (spans_all or y_split[a] == shape[a])
+      for a in y_axes)
+  wrap_x = X // x_hosts > 1 and all(
+      topology.wraparound[a] and (spans_all or y_split[a] == 1) for a in x_axes)
   return MeshPlan(
       topology=topology, X=X, Y=Y, x_axes=x_axes, y_axes=y_axes,
       M_X=len(x_axes) if m_x is None else m_x,
       M_Y=len(y_axes) if m_y is None else m_y,
-      wrap_x=wrap_x, wrap_y=wrap_y, y_split=y_split)
+      wrap_x=wrap_x, wrap_y=wrap_y, y_split=y_split, x_hosts=x_hosts,
+      y_hosts=y_hosts)
+
+
+def _host_split(topology: Topology, X: int, Y: int) -> tuple[int, int]:
+  """(x_hosts, y_hosts): Y inside a host when it divides the host's chips, else
+  over whole hosts; see the module docstring."""
+  per_host, hosts = topology.chips_per_host, topology.hosts
+  if per_host % Y == 0:
+    return hosts, 1
+  if Y % per_host == 0 and hosts % (Y // per_host) == 0:
+    return hosts // (Y // per_host), Y // per_host
+  valid = ", ".join(f"{x}x{y}" for x, y in mesh_shapes(topology))
+  raise ValueError(
+      f"mesh {X}x{Y} cannot be laid over {topology.name}: Y={Y} must divide a "
+      f"host's {per_host} chips or be a multiple of them; valid meshes: {valid}")
+
+
+def mesh_shapes(topology: Topology) -> list[tuple[int, int]]:
+  """Every X x Y mesh `plan_mesh` lays over `topology`, X ascending."""
+  per_host, hosts = topology.chips_per_host, topology.hosts
+  return [(x, y) for x, y in factorizations(topology.chips)
+          if per_host % y == 0 or (y % per_host == 0
+                                   and hosts % (y // per_host) == 0)]
 
 
 def _lay_out(shape: tuple[int, ...], y: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -131,57 +178,59 @@ def abstract_mesh(plan: MeshPlan) -> AbstractMesh:
   return AbstractMesh((plan.X, plan.Y), AXIS_NAMES, axis_types=_EXPLICIT)
 
 
-@contextlib.contextmanager
-def _libtpu_init_quiet():
-  """libtpu's first load logs a screenful about missing TPU hosts to fd 2.
-
-  With no TPU attached that is expected, so it is hidden; failures still raise.
-  """
-  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)
-  try:
-    yield
-  finally:
-    os.dup2(saved, 2)
-    os.close(saved)
-    os.close(devnull)
-
-
 def device_mesh(plan: MeshPlan) -> Mesh:
-  """The plan over libtpu's compile-only devices for the slice (no TPU needed).
+  """The plan over compile-only devices for the topology (no TPU or GPU needed):
+  libtpu's for TPU slices (`num_slices` of them for multi-slice), the CUDA
+  plugin's for GPU hosts (meshes.gpu_target).
 
   v4 and v5p are asked for in megacore mode (one device per chip, as on real
   hardware); libtpu 0.0.52's default v4 config exposes each TensorCore as a device.
   TPU7x has no megacore config (2 devices per chip) and is refused.
   """
+  topo = plan.topology
+  grid = np.empty((topo.hosts,) + topo.shape, dtype=object)
+  if topo.chip.kind == "gpu":
+    from meshes import gpu_target  # pylint: disable=g-import-not-at-top
+    grid[...] = np.array(gpu_target.devices(topo), dtype=object).reshape(
+        grid.shape)
+  else:
+    for d, host in _tpu_devices(topo):
+      grid[(host,) + tuple(d.coords[:len(topo.shape)])] = d
+  hosts = [_arrange(grid[h], plan) for h in range(topo.hosts)]
+  full = np.array(hosts, dtype=object).reshape(
+      plan.x_hosts, plan.y_hosts, plan.local("X"), plan.local("Y"))
+  return Mesh(full.transpose(0, 2, 1, 3).reshape(plan.X, plan.Y), AXIS_NAMES,
+              axis_types=_EXPLICIT)
+
+
+def _tpu_devices(topo: Topology) -> list:
+  """(device, slice index) for every chip of every slice, through libtpu."""
   # Compile-only use needs no exclusive hold on libtpu; without this a second
   # process (a test, a sweep beside a validate run) fails on libtpu's lockfile.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  topo = plan.topology
   config = "megacore" if topo.chip.megacore else "default"
-  with _libtpu_init_quiet():
+  with native_stderr_quiet():
     devices = topologies.get_topology_desc(
         platform="tpu", topology_name=topo.libtpu_name,
-        chip_config_name=config).devices
+        chip_config_name=config, num_slices=topo.hosts).devices
   if len(devices) != topo.chips:
     raise ValueError(
-        f"libtpu describes {topo.libtpu_name} as {len(devices)} devices for "
+        f"libtpu describes {topo.name} as {len(devices)} devices for "
         f"{topo.chips} chips; device_mesh needs one device per chip")
-  grid = np.empty(topo.shape, dtype=object)
-  for d in devices:
-    grid[tuple(d.coords[:len(topo.shape)])] = d
-  return Mesh(_arrange(grid, plan), AXIS_NAMES, axis_types=_EXPLICIT)
+  return [(d, getattr(d, "slice_index", 0)) for d in devices]
 
 
 def _arrange(grid: np.ndarray, plan: MeshPlan) -> np.ndarray:
-  """Reshapes a physical (coords-indexed) grid into the X x Y mesh of `plan`."""
+  """Reshapes one host's physical (coords-indexed) grid into its part of the
+  X x Y mesh of `plan` (local X by local Y)."""
   n = grid.ndim
   split_shape = [d for a, s in enumerate(grid.shape)
                  for d in (s // plan.y_split[a], plan.y_split[a])]
   x_order = plan.x_axes + tuple(a for a in range(n) if a not in plan.x_axes)
   y_order = plan.y_axes + tuple(a for a in range(n) if a not in plan.y_axes)
   perm = [2 * a for a in x_order] + [2 * a + 1 for a in y_order]
-  return grid.reshape(split_shape).transpose(perm).reshape(plan.X, plan.Y)
+  return grid.reshape(split_shape).transpose(perm).reshape(plan.local("X"),
+                                                          plan.local("Y"))
 
 
 def cpu_mesh(X: int, Y: int) -> Mesh:

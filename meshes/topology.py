@@ -5,7 +5,12 @@ Two spellings are accepted and the chip count is always explicit:
   TensorCores (2 per chip, so v5p-128 is 64 chips); v5e and v6e count chips. The shape
   is the standard one Google Cloud provisions for that size.
 - libtpu strings ("v5p:4x4x4", "v6e:8x8", "tpu7x:2x2x1") give the shape in chips;
-  GPUs are written "h100:8" (8 GPUs of one NVLink domain).
+  GPUs are written "h100:8" (8 GPUs of one NVLink domain) or "h100:NxG" (N hosts
+  of G <= 8 GPUs, InfiniBand between them: meshes.network).
+- TPU multi-slice: a Cloud name with "xN" ("v5p-256x2": 2 slices of v5p-256),
+  the slices joined by DCN (meshes.network), as MaxText's multi-slice runs are.
+
+`shape` is one host's (one slice's) chips; `hosts` counts hosts (slices).
 
 Wraparound (TPU Scaling Book, "How to Think About TPUs", and Cloud's v5p page):
 - v4/v5p (and TPU7x, assumed like v5p): wraparound links come from the optical switches
@@ -27,6 +32,7 @@ import math
 import re
 
 from meshes import hardware
+from meshes.network import Network, network_for
 
 # Standard slice shapes per chip count (Cloud v4/v5p/v5e/v6e configuration tables).
 _SHAPES_3D = {
@@ -49,16 +55,28 @@ _POD_2D = 16  # v5e/v6e pods are a single 16x16 torus
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-  """A slice: `shape` in chips per physical axis, `wraparound` per axis."""
+  """`hosts` hosts (GPU nodes, TPU slices), each of `shape` chips per physical
+  axis with `wraparound` per axis; hosts are joined by `network`."""
 
   name: str
   chip: hardware.Chip
   shape: tuple[int, ...]
   wraparound: tuple[bool, ...]
+  hosts: int = 1
+
+  @property
+  def chips_per_host(self) -> int:
+    return math.prod(self.shape)
 
   @property
   def chips(self) -> int:
-    return math.prod(self.shape)
+    return self.hosts * self.chips_per_host
+
+  @property
+  def network(self) -> Network | None:
+    """The tier between hosts (None for a single TPU slice)."""
+    return network_for(self.chip.name) if (
+        self.hosts > 1 or self.chip.kind == "gpu") else None
 
   @property
   def fully_connected(self) -> bool:
@@ -74,12 +92,20 @@ class Topology:
 
   def describe(self) -> str:
     """E.g. 'v5p-128 (64 chips, 4x4x4)', whichever spelling it was parsed from."""
-    if self.fully_connected:
+    if self.fully_connected and self.hosts == 1:
       return f"{self.name} ({self.chips} GPUs, one NVLink domain)"
+    if self.fully_connected:
+      return (f"{self.name} ({self.chips} GPUs: {self.hosts} hosts x "
+              f"{self.chips_per_host}, NVLink inside a host, "
+              f"{self.network.name} between hosts)")
     label = self.name
     if self.chip.name in _MAX_CHIPS:  # a generation with Cloud names
-      label = f"{self.chip.name}-{self.chips * self.chip.cores_per_chip}"
-    return f"{label} ({self.chips} chips, {_shape_str(self.shape)})"
+      label = f"{self.chip.name}-{self.chips_per_host * self.chip.cores_per_chip}"
+    one = f"{label} ({self.chips_per_host} chips, {_shape_str(self.shape)})"
+    if self.hosts == 1:
+      return one
+    return (f"{label}x{self.hosts} ({self.chips} chips: {self.hosts} slices of "
+            f"{one}, {self.network.name} between slices)")
 
 
 def list_topologies() -> list[str]:
@@ -88,7 +114,8 @@ def list_topologies() -> list[str]:
 
 
 def parse_topology(name: str) -> Topology:
-  """A Cloud name ('v5p-128'), libtpu string ('v5p:4x4x4') or GPU domain ('h100:8')."""
+  """A Cloud name ('v5p-128', multi-slice 'v5p-256x2'), libtpu string
+  ('v5p:4x4x4') or GPUs ('h100:8', 'h100:2x8': 2 hosts of 8)."""
   text = name.strip().lower()
   if ":" in text:
     prefix, _, dims = text.partition(":")
@@ -97,12 +124,27 @@ def parse_topology(name: str) -> Topology:
     if chip.kind == "gpu":
       return _gpu_topology(text, chip, shape, name)
     return _tpu_topology(text, chip, shape, name)
-  match = re.fullmatch(r"([a-z][a-z0-9]*)-(-?\d+)", text)
+  match = re.fullmatch(r"([a-z][a-z0-9]*)-(-?\d+)(?:x(-?\d+))?", text)
   if match is None:
     raise ValueError(
-        f"malformed topology {name!r}; expected a Cloud name like v5p-128, "
-        f"a libtpu string like v5p:4x4x4, or a GPU domain like h100:8")
-  return _from_cloud_name(match.group(1), int(match.group(2)), name)
+        f"malformed topology {name!r}; expected a Cloud name like v5p-128 "
+        f"(v5p-256x2: 2 slices), a libtpu string like v5p:4x4x4, or GPUs like "
+        f"h100:8 or h100:2x8 (2 hosts of 8)")
+  topo = _from_cloud_name(match.group(1), int(match.group(2)), name)
+  if match.group(3) is None:
+    return topo
+  return _multi_slice(topo, int(match.group(3)), name)
+
+
+def _multi_slice(topo: Topology, slices: int, name: str) -> Topology:
+  if slices <= 0:
+    raise ValueError(f"{slices} slices in {name!r} must be positive")
+  if network_for(topo.chip.name) is None:
+    known = ", ".join(c for c in _MAX_CHIPS if network_for(c))
+    raise ValueError(
+        f"{name!r}: no per-chip DCN bandwidth is known for {topo.chip.name}, so "
+        f"no multi-slice topology; multi-slice generations: {known}")
+  return dataclasses.replace(topo, name=name.strip().lower(), hosts=slices)
 
 
 def _from_cloud_name(gen: str, count: int, name: str) -> Topology:
@@ -148,11 +190,15 @@ def _tpu_topology(text: str, chip: hardware.Chip, shape: tuple[int, ...],
 
 def _gpu_topology(text: str, chip: hardware.Chip, shape: tuple[int, ...],
                   name: str) -> Topology:
-  if len(shape) != 1 or shape[0] > _GPU_MAX:
+  if len(shape) > 2 or shape[-1] > _GPU_MAX:
     raise ValueError(
-        f"{name!r}: a GPU topology is one NVLink domain of 1 to {_GPU_MAX} GPUs, "
-        f"e.g. {chip.name}:8")
-  return Topology(text, chip, shape, (True,))
+        f"{name!r}: a GPU host is one NVLink domain of 1 to {_GPU_MAX} GPUs; "
+        f"write GPUs per host or hosts x GPUs per host, e.g. {text.partition(':')[0]}"
+        f":8 or {text.partition(':')[0]}:2x8")
+  hosts = shape[0] if len(shape) == 2 else 1
+  if hosts > 1 and network_for(chip.name) is None:
+    raise ValueError(f"{name!r}: no inter-host network is known for {chip.name}")
+  return Topology(text, chip, shape[-1:], (True,), hosts)
 
 
 def _wraparound(chip: hardware.Chip, shape: tuple[int, ...]) -> tuple[bool, ...]:

@@ -20,11 +20,20 @@ large-n convention, the default). V is the per-device bytes of the gathered arra
 
 Seed 004 writes T = (total bytes)/W_ici with W_ici = 2·9e10 B/s for v5p and divides
 by M_X / M_Y: exactly the formula above with f = 1, wraparound, w_link = 9e10.
+
+Across TPU slices (an axis spanning h slices of l chips each, meshes.layout) the
+collective is hierarchical, as XLA runs multi-slice collectives: the ICI ring
+over l on V, plus the DCN ring over h on V/l with f = (h-1)/h, at the slice's
+per-chip DCN bandwidth (meshes.network). GPU topologies are timed as NCCL times
+them (simulator.nccl): ring, tree, NVLS and hierarchical algorithms with
+per-hop latencies. `collective_cost` picks the model for the topology.
 """
 
 from __future__ import annotations
 
 from meshes.layout import MeshPlan
+from simulator import nccl
+from simulator.nccl import Cost
 from simulator.program import Collective, read_traced
 
 RINGS = ("book", "exact")
@@ -67,9 +76,28 @@ def ring_time(kind: str, nbytes: float, n: float, bandwidth: float,
   raise ValueError(f"unknown collective kind {kind!r}")
 
 
+def collective_cost(kind: str, axis: str, plan: MeshPlan, link_bandwidth: float,
+                    ring: str = "book", wraparound: bool | None = None,
+                    nbytes: float = 0.0, n: float | None = None) -> Cost:
+  """The cost of one `kind` collective over mesh axis `axis` (n devices; default
+  the plan's size of the axis, spread over the plan's hosts). `nbytes` (V)
+  picks NCCL's algorithm on GPUs; TPU costs are linear in V."""
+  n = (plan.X if axis == "X" else plan.Y) if n is None else n
+  hosts = plan.hosts(axis)
+  topo = plan.topology
+  if topo.chip.kind == "gpu":
+    return nccl.cost(kind, nbytes, n / hosts, hosts, link_bandwidth,
+                     topo.network.bandwidth, topo.chip.name in nccl.NVLS_CHIPS)
+  bw = axis_bandwidth(plan, axis, link_bandwidth, wraparound)
+  per_byte = ring_time(kind, 1.0, n / hosts, bw, ring)
+  if hosts > 1:
+    per_byte += ring_time(kind, hosts / n, hosts, topo.network.bandwidth,
+                          "exact")
+  return Cost(0.0, per_byte, "ring" if hosts == 1 else "ici+dcn")
+
+
 def collective_time(c: Collective, plan: MeshPlan, link_bandwidth: float,
                     ring: str = "book", wraparound: bool | None = None) -> float:
   """Seconds for ONE execution of `c` (multiply by c.count for the step)."""
-  n = plan.X if c.axis == "X" else plan.Y
-  return ring_time(c.kind, c.bytes_per_device, n,
-                   axis_bandwidth(plan, c.axis, link_bandwidth, wraparound), ring)
+  return collective_cost(c.kind, c.axis, plan, link_bandwidth, ring, wraparound,
+                         c.bytes_per_device).time(c.bytes_per_device)

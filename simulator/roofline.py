@@ -9,7 +9,8 @@ probe trace tells which values carry it:
     bytes_c(T) = b0_c + b1_c·T,        flops_layer(T) = f0 + f1·T   (per device).
 
 Per layer instance (one scan iteration of the blocks; "top" is everything outside
-the layer scan), with T_c = ring_time(c) from simulator.comms:
+the layer scan), with T_c from simulator.comms.collective_cost (the TPU ring, or
+NCCL's algorithms on GPUs, whose latency is part of c0):
 
     T_math(T) = (f0 + f1·T)/C,         T_comm(T) = Σ_c T_c(bytes_c(T)) = c0 + c1·T
 
@@ -49,10 +50,10 @@ import math
 
 import numpy as np
 
-from meshes.layout import MeshPlan, abstract_mesh, factorizations, plan_mesh
+from meshes.layout import MeshPlan, abstract_mesh, mesh_shapes, plan_mesh
 from models import moe, scopes
 from simulator.batch_probe import carries_batch, require_probe
-from simulator.comms import axis_bandwidth, ring_time
+from simulator.comms import collective_cost
 from simulator.program import Program, read_traced
 from simulator.settings import TrainSettings
 from simulator.trace import Traced, trace_probe
@@ -245,11 +246,12 @@ def _layer_times(model: MeshModel, tokens: float, hw: Hardware, phases,
     if t.phase not in phases:
       continue
     n = X if t.axis == "X" else Y
-    bw = axis_bandwidth(plan, t.axis, hw.link_bandwidth, hw.wraparound)
-    s = (X0 / X) ** t.x_exp * (Y0 / Y) ** t.y_exp * t.count / model.layer_count[
-        t.layer]
-    c0 = ring_time(t.kind, t.b0 * s, n, bw, hw.ring)
-    c1 = ring_time(t.kind, t.b1 * s, n, bw, hw.ring)
+    s = (X0 / X) ** t.x_exp * (Y0 / Y) ** t.y_exp
+    per_layer = t.count / model.layer_count[t.layer]
+    cost = collective_cost(t.kind, t.axis, plan, hw.link_bandwidth, hw.ring,
+                           hw.wraparound, (t.b0 + t.b1 * tokens) * s, n)
+    c0 = cost.time(t.b0 * s) * per_layer
+    c1 = t.b1 * s * cost.per_byte * per_layer
     r = out[t.layer]
     r[2] += c0
     r[3] += c1
@@ -394,7 +396,7 @@ def search_meshes(cfg, settings: TrainSettings, topology, m_x=None, m_y=None,
                   tokens: float | None = None) -> list[MeshRow]:
   """Trace and estimate every X×Y factorization (or `meshes`) of the topology."""
   rows = []
-  for X, Y in meshes or factorizations(topology.chips):
+  for X, Y in meshes or mesh_shapes(topology):
     plan = plan_mesh(topology, X, Y, m_x, m_y)
     try:
       model = fit_mesh(cfg, settings, plan)

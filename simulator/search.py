@@ -22,11 +22,12 @@ import time
 from typing import Any, Iterable, Iterator
 
 from meshes.hardware import GiB
-from meshes.layout import MeshPlan, abstract_mesh, factorizations, plan_mesh
+from meshes.layout import MeshPlan, abstract_mesh, mesh_shapes, plan_mesh
 from meshes.topology import Topology, parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
 from simulator.cache import Cache
+from simulator.memory.capacity import capacity_bytes
 from simulator.settings import TrainSettings
 from simulator import memory, roofline
 from simulator.step import PlanError
@@ -120,7 +121,7 @@ class SweepSpec:
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""
-    meshes = self.meshes or tuple(factorizations(topo.chips))
+    meshes = self.meshes or tuple(mesh_shapes(topo))
     return [Config(x, y, b, r, s, o) for x, y in meshes for s in self.shards
             for o in self.optimizers for r in self.remats for b in self.batches]
 
@@ -245,7 +246,7 @@ class Sweep:
       record.update(status="failed", error=str(e).splitlines()[0], fits=False,
                     eval_s=time.perf_counter() - start)
       return record
-    hbm = self.topo.chip.hbm_bytes
+    hbm = est.base_memory.hbm_bytes  # simulator.memory.capacity
     values.setdefault("compute_bound", values["t_math_s"] >= values["t_comm_s"])
     record.update(status="ok", **values,
                   hbm_bytes=hbm, fits=bool(values["peak_bytes"] <= hbm),
@@ -411,7 +412,7 @@ def compile_result(cfg: ModelConfig, settings: TrainSettings,
     return {"compile_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
             "compile_s": time.perf_counter() - start}
   return {"compiled_peak_bytes": peak,
-          "compiled_fits": peak <= plan.topology.chip.hbm_bytes,
+          "compiled_fits": peak <= capacity_bytes(plan),
           "compile_s": time.perf_counter() - start}
 
 

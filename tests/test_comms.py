@@ -7,7 +7,8 @@ import pytest
 from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.presets import PRESETS
-from simulator.comms import axis_bandwidth, collective_time, collectives, ring_time
+from simulator.comms import (axis_bandwidth, collective_cost, collective_time,
+                             collectives, ring_time)
 from simulator.settings import TrainSettings
 from simulator.trace import trace
 
@@ -108,3 +109,35 @@ def test_summed_partial_sums_are_reduced_once(parallel, forward_rs,
                                   for c in cs)
   assert count("forward", "reduce-scatter") == forward_rs
   assert count("backward", "all-reduce") == backward_ar
+
+
+def test_collective_cost_keeps_the_tpu_ring():
+  plan = plan_mesh(parse_topology("v5p-128"), 16, 4)
+  for kind in ("all-gather", "all-reduce", "reduce-scatter"):
+    cost = collective_cost(kind, "X", plan, 9e10, nbytes=1e8)
+    assert cost.latency == 0.0
+    assert cost.time(1e8) == pytest.approx(ring_time(
+        kind, 1e8, 16, axis_bandwidth(plan, "X", 9e10)))
+
+
+def test_multi_slice_adds_the_dcn_ring():
+  # v5p-256x2 64x4: X = 2 slices x 32 chips; the DCN ring moves V/32 between
+  # the 2 slices at 50 Gb/s per chip (Cloud's v5p page), after the ICI ring.
+  plan = plan_mesh(parse_topology("v5p-256x2"), 64, 4)
+  assert (plan.x_hosts, plan.y_hosts, plan.local("X")) == (2, 1, 32)
+  ici = ring_time("all-gather", 1e8, 32, axis_bandwidth(plan, "X", 9e10))
+  dcn = (1 / 2) * (1e8 / 32) / 6.25e9
+  assert collective_cost("all-gather", "X", plan, 9e10).time(1e8) == (
+      pytest.approx(ici + dcn))
+  y = collective_cost("all-gather", "Y", plan, 9e10).time(1e8)
+  assert y == pytest.approx(ring_time("all-gather", 1e8, 4, axis_bandwidth(
+      plan, "Y", 9e10)))
+
+
+def test_gpu_axes_are_timed_as_nccl_does():
+  plan = plan_mesh(parse_topology("h100:2x8"), 2, 8)
+  tp = collective_cost("all-gather", "Y", plan, 4.5e11, nbytes=1e8)
+  dp = collective_cost("all-reduce", "X", plan, 4.5e11, nbytes=1e8)
+  assert tp.algorithm == "ring" and tp.latency > 0
+  assert tp.per_byte == pytest.approx((7 / 8) / 4.5e11)  # NVLink, not 2x
+  assert dp.per_byte == pytest.approx((2 * 1 / 2) / 5e10)  # one NIC per GPU

@@ -22,7 +22,7 @@ def test_json_schema_and_layouts():
   info = json.loads(out.stdout)
   assert info["num_params"] == 6_738_415_616
   assert info["topology"] == {"name": "v5p-128", "chips": 64,
-                              "shape": [4, 4, 4]}
+                              "shape": [4, 4, 4], "hosts": 1}
   assert info["mesh"]["X"] == 16 and info["mesh"]["Y"] == 4
   assert (info["mesh"]["M_X"], info["mesh"]["M_Y"]) == (2, 1)
   wi = next(g for g in info["params"] if g["path"] == "blocks/mlp/wi/kernel")
@@ -41,6 +41,16 @@ def test_text_output_names_the_count_and_chips():
   assert "106,816 parameters" in out.stdout and "4 chips" in out.stdout
 
 
+def test_gpu_hosts_in_json():
+  out = describe("--model=tiny", "--topology=h100:2x8", "--mesh=8x2",
+                 "--format=json")
+  assert out.returncode == 0, out.stderr
+  info = json.loads(out.stdout)
+  assert info["topology"] == {"name": "h100:2x8", "chips": 16, "shape": [8],
+                              "hosts": 2}
+  assert (info["mesh"]["x_hosts"], info["mesh"]["y_hosts"]) == (2, 1)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--model=nope"], "unknown model 'nope'"),
     (["--topology=v9-8"], "v9-8"),
@@ -51,6 +61,8 @@ def test_text_output_names_the_count_and_chips():
     (["--model=tiny", "--mesh=1x64"], "Y=64 divides neither the 2 kv heads"),
     (["--model=/no/such/config.json"], "cannot read model config"),
     (["--shard=zero4"], "zero4"),
+    (["--topology=h100:16"], "write GPUs per host or hosts x GPUs per host"),
+    (["--topology=h100:3x8", "--mesh=2x12"], "Y=12 must divide a host's 8"),
 ])
 def test_bad_input_is_one_line_exit_2(flags, message):
   out = describe(*flags)

@@ -46,6 +46,29 @@ def test_plan(name, x, y, x_axes, y_axes, wrap_x, wrap_y):
   assert (plan.wrap_x, plan.wrap_y) == (wrap_x, wrap_y)
 
 
+@pytest.mark.parametrize("name,x,y,x_hosts,y_hosts", [
+    ("h100:2x8", 2, 8, 2, 1),  # TP in the node, data parallel over InfiniBand
+    ("h100:2x8", 4, 4, 2, 1),
+    ("h100:2x8", 16, 1, 2, 1),
+    ("h100:2x8", 1, 16, 1, 2),  # Y larger than a node takes both
+    ("h100:4x8", 2, 16, 2, 2),
+    ("v5p-256x2", 64, 4, 2, 1),  # MaxText: dcn_data_parallelism=2
+])
+def test_axes_over_hosts(name, x, y, x_hosts, y_hosts):
+  plan = _plan(name, x, y)
+  assert (plan.x_hosts, plan.y_hosts) == (x_hosts, y_hosts)
+  assert plan.local("X") * plan.x_hosts == x
+  assert plan.local("Y") * plan.y_hosts == y
+
+
+def test_meshes_that_cannot_lay_over_hosts():
+  topo = parse_topology("h100:3x8")
+  assert (3, 8) in layout.mesh_shapes(topo)
+  assert (2, 12) not in layout.mesh_shapes(topo)  # 12 neither divides 8 nor is 8k
+  with pytest.raises(ValueError, match="Y=12 must divide a host's 8 chips"):
+    _plan("h100:3x8", 2, 12)
+
+
 def test_seed_004_mesh_on_v5p_128():
   plan = _plan("v5p:4x4x4", 16, 4)
   assert (plan.M_X, plan.M_Y, plan.wrap_x, plan.wrap_y) == (2, 1, True, True)
@@ -147,3 +170,11 @@ def test_cpu_mesh():
   assert mesh.axis_types == EXPLICIT
   with pytest.raises(ValueError, match="jax_num_cpu_devices"):
     layout.cpu_mesh(n + 1, 1)
+
+
+def test_multi_slice_device_mesh_puts_x_across_slices():
+  # libtpu's num_slices: v5p-8x2 is 2 slices of 4 chips; X = 2 slices x 2.
+  mesh = layout.device_mesh(_plan("v5p-8x2", 4, 2))
+  slices = [[d.slice_index for d in row] for row in mesh.devices]
+  assert slices == [[0, 0], [0, 0], [1, 1], [1, 1]]
+  assert len({d.id for d in mesh.devices.flat}) == 8

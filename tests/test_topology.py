@@ -41,6 +41,10 @@ def test_libtpu_names(name, chips, libtpu):
     ("v5e-256", "v5e-256 (256 chips, 16x16)"),
     ("tpu7x:2x2x1", "tpu7x:2x2x1 (4 chips, 2x2x1)"),
     ("h100:8", "h100:8 (8 GPUs, one NVLink domain)"),
+    ("h100:2x8", "h100:2x8 (16 GPUs: 2 hosts x 8, NVLink inside a host, "
+     "InfiniBand NDR, 400 Gb/s per GPU between hosts)"),
+    ("v5p-256x2", "v5p-256x2 (256 chips: 2 slices of v5p-256 (128 chips, "
+     "4x4x8), DCN, 50 Gb/s per chip between slices)"),
 ])
 def test_describe_always_prints_chip_count(name, text):
   assert parse_topology(name).describe() == text
@@ -70,6 +74,27 @@ def test_gpu_domain():
     topo.libtpu_name
 
 
+@pytest.mark.parametrize("name,chip,hosts,per_host,network", [
+    ("h100:2x8", "h100-sxm", 2, 8, 5e10),  # DGX H100: ConnectX-7 400 Gb/s per GPU
+    ("h200:4x8", "h200", 4, 8, 5e10),
+    ("a100:2x4", "a100-80gb", 2, 4, 2.5e10),  # DGX A100: HDR 200 Gb/s per GPU
+    ("h100:1x8", "h100-sxm", 1, 8, 5e10),
+    ("v5p-256x2", "v5p", 2, 128, 6.25e9),  # Cloud v5p: DCN 50 Gbps per chip
+])
+def test_hosts_and_their_network(name, chip, hosts, per_host, network):
+  topo = parse_topology(name)
+  assert (topo.chip.name, topo.hosts, topo.chips_per_host) == (
+      chip, hosts, per_host)
+  assert topo.chips == hosts * per_host
+  assert topo.network.bandwidth == network
+
+
+def test_single_slice_has_no_network_and_h100_8_is_one_host():
+  assert parse_topology("v5p-128").network is None
+  assert parse_topology("h100:8").hosts == 1
+  assert parse_topology("v5p-256x2").libtpu_name == "v5p:4x4x8"
+
+
 def test_every_listed_cloud_name_round_trips():
   names = topology.list_topologies()
   assert {"v5p-128", "v5e-256", "v4-32", "v6e-256"} <= set(names)
@@ -92,7 +117,13 @@ def test_every_listed_cloud_name_round_trips():
     ("v5e:3x3", "'v5e:3x3'"),
     ("v5p:4xx4", "'4xx4'"),
     ("foo:4x4", "'foo'"),
-    ("h100:16", "'h100:16'"),
+    ("h100:16", "'h100:16'"),  # more than one NVLink domain: write h100:2x8
+    ("h100:2x16", "e.g. h100:8 or h100:2x8"),
+    ("h100:1x2x8", "'h100:1x2x8'"),
+    ("h100:0x8", "size 0"),
+    ("v5e-16x2", "no per-chip DCN bandwidth is known for v5e"),
+    ("v5p-8x0", "0 slices"),
+    ("v5p-8xx2", "'v5p-8xx2'"),
     ("garbage", "'garbage'"),
     ("", "''"),
     ("v5p:4096x4096x4096", "the largest v5p slice has 6144"),

@@ -53,7 +53,7 @@ from meshes.layout import MeshPlan, abstract_mesh
 from models import scopes
 from models.config import ModelConfig
 from simulator.batch_probe import carries_batch, require_probe, rescale
-from simulator.memory import liveness, xla_rules
+from simulator.memory import capacity, liveness, xla_rules
 from simulator.memory.tiling import tpu_tiled_bytes
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes, device_shape, trainable_params
@@ -105,7 +105,7 @@ class MemoryEstimate:
 
   per_device_bytes: dict[str, int]  # the step's tensors, overhead, peak
   host_bytes: int  # offloaded residuals in pinned host memory, per device
-  hbm_bytes: int  # the chip's (user-allocatable) HBM
+  hbm_bytes: int  # what the step may use: simulator.memory.capacity
   fits: bool
   headroom_bytes: int  # hbm_bytes - peak (negative: does not fit)
   eta_mem: float  # param bytes / peak
@@ -245,7 +245,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   points = liveness.simulate(traced.jaxpr, donated)
   return dataclasses.replace(
       _assemble(tuple(tensors), points, batch, batch,
-                plan.topology.chip.hbm_bytes, batch // per_device_batch),
+                capacity.capacity_bytes(plan), batch // per_device_batch),
       trainable_params=trainable_params(step))
 
 

@@ -1,0 +1,124 @@
+"""How many bytes per device a step's buffers may use: what `fits` holds the
+planned peak against.
+
+TPU: the chip's user-allocatable HBM (meshes.hardware; libtpu reserves the rest).
+
+GPU, as a JAX user meets it. Every figure below is a named line with its default
+and source; none is fitted:
+
+- device memory: what the driver reports, XLA's `device_memory_size` in its
+  target config for the GPU (meshes.gpu_target; an H100 80GB reports
+  84,942,979,072 B = 79.11 GiB, not 80 GiB).
+- XLA's allocator pool: JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION of it,
+  default 0.75 (JAX docs, "GPU memory allocation": "JAX will preallocate 75% of
+  the total GPU memory when the first JAX operation is run"); XLA's buffers
+  (arguments, temporaries: XLA's peak, cuBLAS/cuDNN workspaces included, which
+  XLA:GPU assigns as temp buffers) live in it. The env variable is read.
+- outside the pool, from the rest: the CUDA context with cuBLAS/cuDNN handles,
+  3 GiB (seed 002's "CUDA/cuBLAS (+~2-3 GB) cushion", its upper figure read as
+  GiB); NCCL's buffers, one communicator per mesh axis wider than 1 (XLA keys
+  its NCCL cliques by replica group), each at most 32 channels (NCCL's
+  MAXCHANNELS) x 2 ring peers x NCCL_BUFFSIZE (default 4 MiB, NCCL's
+  environment-variable docs): 256 MiB per communicator, an upper bound.
+The step may use min(pool, device - outside): the pool, unless what the runtime
+needs beside it does not fit in the rest (a MEM_FRACTION near 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from meshes.hardware import GiB
+from meshes.layout import MeshPlan
+
+MiB = 2**20
+FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+DEFAULT_FRACTION = 0.75  # JAX docs, "GPU memory allocation"
+CUDA_CONTEXT_BYTES = 3 * GiB  # seed 002: CUDA/cuBLAS cushion, +~2-3 GB
+NCCL_CHANNELS = 32  # NCCL MAXCHANNELS
+NCCL_BUFFSIZE = 4 * MiB  # NCCL_BUFFSIZE default, 4194304
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+  """One figure of the GPU memory budget, with where its default comes from."""
+
+  name: str
+  bytes: int
+  source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuBudget:
+  """A GPU's memory as JAX divides it (see the module docstring)."""
+
+  device_bytes: int
+  fraction: float
+  pool_bytes: int
+  outside: tuple[Line, ...]
+
+  @property
+  def outside_bytes(self) -> int:
+    return sum(x.bytes for x in self.outside)
+
+  @property
+  def capacity_bytes(self) -> int:
+    """What the step's buffers may use: the pool, less any runtime overflow."""
+    return min(self.pool_bytes, self.device_bytes - self.outside_bytes)
+
+  def lines(self) -> tuple[Line, ...]:
+    return (Line("device memory", self.device_bytes,
+                 "the driver's figure, XLA's target config device_memory_size"),
+            Line(f"XLA pool ({self.fraction:.0%})", self.pool_bytes,
+                 f"{FRACTION_ENV}, default {DEFAULT_FRACTION} (JAX docs, GPU "
+                 "memory allocation)"), *self.outside)
+
+  def to_json(self) -> dict:
+    return {"device_bytes": self.device_bytes, "fraction": self.fraction,
+            "pool_bytes": self.pool_bytes, "capacity_bytes": self.capacity_bytes,
+            "outside": [dataclasses.asdict(x) for x in self.outside]}
+
+
+def mem_fraction() -> float:
+  """XLA_PYTHON_CLIENT_MEM_FRACTION, or JAX's default 0.75."""
+  text = os.environ.get(FRACTION_ENV)
+  if text is None:
+    return DEFAULT_FRACTION
+  try:
+    value = float(text)
+  except ValueError:
+    raise ValueError(f"{FRACTION_ENV}={text!r} is not a number") from None
+  if not 0 < value <= 1:
+    raise ValueError(f"{FRACTION_ENV}={text!r} must be in (0, 1]")
+  return value
+
+
+def device_memory(chip_name: str) -> int:
+  """The bytes the driver reports for the GPU: XLA's target config."""
+  from meshes import gpu_target  # pylint: disable=g-import-not-at-top
+  match = re.search(r"device_memory_size:\s*(\d+)",
+                    gpu_target.target_config(chip_name))
+  return int(match.group(1))
+
+
+def gpu_budget(plan: MeshPlan) -> GpuBudget:
+  """The budget of one GPU of `plan`'s topology."""
+  device = device_memory(plan.topology.chip.name)
+  fraction = mem_fraction()
+  communicators = sum(1 for n in (plan.X, plan.Y) if n > 1)
+  nccl = communicators * NCCL_CHANNELS * 2 * NCCL_BUFFSIZE
+  return GpuBudget(device, fraction, int(fraction * device), (
+      Line("CUDA context, cuBLAS/cuDNN", CUDA_CONTEXT_BYTES,
+           "seed 002's CUDA/cuBLAS cushion, +~2-3 GB"),
+      Line(f"NCCL buffers ({communicators} communicators)", nccl,
+           "32 channels x 2 peers x NCCL_BUFFSIZE 4 MiB each, an upper "
+           "bound")))
+
+
+def capacity_bytes(plan: MeshPlan) -> int:
+  """Bytes per device the step's buffers may use on `plan`'s topology."""
+  if plan.topology.chip.kind == "gpu":
+    return gpu_budget(plan).capacity_bytes
+  return plan.topology.chip.hbm_bytes

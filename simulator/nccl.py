@@ -1,0 +1,165 @@
+"""Collective times on GPU clusters as NCCL models them: ring, tree, NVLS and
+hierarchical algorithms, a latency per hop and a bus bandwidth per tier.
+
+Conventions are nccl-tests' (PERFORMANCE.md in NVIDIA/nccl-tests): an operation
+of S bytes (all-reduce: the array; all-gather: the gathered output; reduce-
+scatter: the unreduced input; simulator.comms' V per device is exactly that S)
+that takes t seconds has algBw = S/t and
+
+    busBw = algBw · 2(n-1)/n (all-reduce),  algBw · (n-1)/n (all-gather,
+            reduce-scatter),  algBw (permute),
+
+the bytes each GPU's link carries per second, comparable with the hardware's
+one-way peak. Here the bus bandwidth of each tier is that peak, one-way per GPU:
+NVLink through NVSwitch inside a host (`Chip.ici_link_bandwidth`), the GPU's own
+NIC between hosts (`meshes.network`). A ring over an axis with g GPUs in each of
+h > 1 hosts runs g rings at once, one leaving each host through each of the g
+GPUs' NICs (rail-optimised fabric), so its bus bandwidth is min(NVLink, g·NIC).
+
+Latencies are NCCL's own model constants for the Simple protocol (the one NCCL
+uses for the MB-sized collectives of training), from `src/graph/tuning.cc`
+(baseLat / hwLat, NCCL 2.2x; microseconds): base 8.4; per step on NVLink 3.4
+(ring) and 4.0 (tree), on the network 14.0 (ring and tree); NVLS 25.
+
+    ring   t = 8.4 + (steps - net_steps)·3.4 + net_steps·14.0 µs + S·f/busBw,
+           steps = 2(n-1) (all-reduce) or n-1, net_steps = 2(h-1) or h-1,
+           f = 2(n-1)/n or (n-1)/n;
+    tree   all-reduce only: 8.4 + 2·((g-1)·4.0 + log2(h)·14.0) µs + S·max(
+           2/NVLink, c/(g·NIC)), c = 1 for 2 hosts, 2 for more (see `tree`);
+    NVLS   all-reduce in one host of NVSwitch Hopper GPUs (NCCL's nvlsEfficiency
+           is 0 before Hopper): 25 µs + S·f/NVLink. NCCL's tuner expects
+           2·0.85·NVLink·(n-1)/n from NVLS; nccl-tests measure 460-480 GB/s of
+           bus bandwidth on 8 H100s, just above the ring's 450 GB/s link bound,
+           which is the figure used;
+    hierarchical  h > 1: reduce-scatter inside the host, the collective across
+           hosts on 1/g of the data (each GPU on its own NIC), all-gather inside.
+
+As NCCL does, `cost` takes the algorithm with the least time at the given size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+US = 1e-6
+BASE = 8.4 * US  # baseLat, ring and tree, Simple
+RING_HOP = {"nvlink": 3.4 * US, "net": 14.0 * US}  # hwLat ring Simple
+TREE_HOP = {"nvlink": 4.0 * US, "net": 14.0 * US}  # hwLat tree Simple
+NVLS_LATENCY = 25.0 * US  # hwLat NVLS Simple, NVLink
+NVLS_CHIPS = frozenset({"h100-sxm", "h200"})  # NVSwitch gen 3 + Hopper
+
+
+class Cost(NamedTuple):
+  """Seconds of one collective: latency + V · per_byte."""
+
+  latency: float
+  per_byte: float
+  algorithm: str
+
+  def time(self, nbytes: float) -> float:
+    return self.latency + nbytes * self.per_byte
+
+
+def bus_factor(kind: str, n: float) -> float:
+  """nccl-tests' busBw / algBw for `kind` over n ranks."""
+  if n <= 1:
+    return 0.0
+  if kind == "all-reduce":
+    return 2 * (n - 1) / n
+  if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+    return (n - 1) / n
+  if kind == "permute":
+    return 1.0
+  raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def _steps(kind: str, n: float) -> float:
+  return 2 * (n - 1) if kind == "all-reduce" else max(n - 1, 0)
+
+
+def ring(kind: str, local: float, hosts: int, nvlink: float, nic: float
+         ) -> Cost:
+  """One ring over `local` GPUs in each of `hosts` hosts."""
+  n = local * hosts
+  if n <= 1:
+    return Cost(0.0, 0.0, "none")
+  steps, net_steps = _steps(kind, n), _steps(kind, hosts)
+  latency = BASE + (steps - net_steps) * RING_HOP["nvlink"] + (
+      net_steps * RING_HOP["net"])
+  bus = nvlink if hosts == 1 else min(nvlink, local * nic)
+  return Cost(latency, bus_factor(kind, n) / bus, "ring")
+
+
+def tree(local: float, hosts: int, nvlink: float, nic: float) -> Cost:
+  """NCCL's double binary tree all-reduce, a chain inside each host, the
+  stages pipelined so the slower one sets the time: in the chain every GPU
+  sends S up and S down (NCCL's algBw = busBw/2); across hosts each host is
+  inside one tree and a leaf of the other, so it sends 2S through its
+  `local` NICs (S for 2 hosts: a root and a leaf of S/2 each)."""
+  latency = BASE + 2 * ((local - 1) * TREE_HOP["nvlink"]
+                        + math.log2(hosts) * TREE_HOP["net"])
+  per_byte = 2 / nvlink
+  if hosts > 1:
+    per_byte = max(per_byte, (1 if hosts == 2 else 2) / (local * nic))
+  return Cost(latency, per_byte, "tree")
+
+
+def nvls(local: float, nvlink: float) -> Cost:
+  """NVLink SHARP all-reduce: NVSwitch reduces; one host."""
+  return Cost(NVLS_LATENCY, bus_factor("all-reduce", local) / nvlink, "nvls")
+
+
+def hierarchical(kind: str, local: float, hosts: int, nvlink: float,
+                 nic: float) -> Cost:
+  """In-host reduce-scatter, the collective across hosts on 1/local of the
+  data, in-host all-gather (whichever of the stages `kind` needs)."""
+  inside = {"all-reduce": ("reduce-scatter", "all-gather"),
+            "reduce-scatter": ("reduce-scatter",),
+            "all-gather": ("all-gather",)}[kind]
+  stages = [ring(k, local, 1, nvlink, nic) for k in inside]
+  across = ring(kind, 1, hosts, nic, nic)
+  return Cost(sum(s.latency for s in stages) + across.latency,
+              sum(s.per_byte for s in stages) + across.per_byte / local,
+              "hierarchical")
+
+
+def candidates(kind: str, local: float, hosts: int, nvlink: float, nic: float,
+               nvls_ok: bool) -> list[Cost]:
+  """Every algorithm NCCL could run for `kind` here."""
+  out = [ring(kind, local, hosts, nvlink, nic)]
+  if kind == "all-reduce" and local * hosts > 1:
+    out.append(tree(local, hosts, nvlink, nic))
+    if hosts == 1 and nvls_ok and local > 1:
+      out.append(nvls(local, nvlink))
+  if hosts > 1 and local > 1 and kind in ("all-reduce", "reduce-scatter",
+                                          "all-gather"):
+    out.append(hierarchical(kind, local, hosts, nvlink, nic))
+  return out
+
+
+def cost(kind: str, nbytes: float, local: float, hosts: int, nvlink: float,
+         nic: float, nvls_ok: bool) -> Cost:
+  """The fastest algorithm at `nbytes` (nccl-tests' S) over local x hosts GPUs.
+
+  all-to-all: each GPU sends (n-1)/n of V, the share for other hosts through
+  its NIC; permute: V over one hop (NVLink inside a host, the NIC across).
+  """
+  n = local * hosts
+  if n <= 1:
+    return Cost(0.0, 0.0, "none")
+  if kind == "all-to-all":
+    per_byte = (local - 1) / n / nvlink + (n - local) / n / nic
+    hop = RING_HOP["net" if hosts > 1 else "nvlink"]
+    return Cost(BASE + hop, per_byte, "p2p")
+  if kind == "permute":
+    bw, hop = (nic, RING_HOP["net"]) if hosts > 1 else (nvlink,
+                                                       RING_HOP["nvlink"])
+    return Cost(BASE + hop, 1 / bw, "p2p")
+  return min(candidates(kind, local, hosts, nvlink, nic, nvls_ok),
+             key=lambda c: (c.time(nbytes), c.latency))
+
+
+def bus_bandwidth(kind: str, nbytes: float, n: int, c: Cost) -> float:
+  """nccl-tests' busBw (B/s) of `c` at nbytes over n ranks."""
+  return nbytes / c.time(nbytes) * bus_factor(kind, n)

@@ -1,0 +1,49 @@
+"""What a step may use per device: TPU HBM, or the GPU's memory as JAX divides
+it (pool fraction, CUDA context, NCCL buffers), each figure named."""
+
+import pytest
+
+from meshes.hardware import GiB
+from meshes.layout import plan_mesh
+from meshes.topology import parse_topology
+from simulator.memory import capacity
+
+
+def _plan(name, x, y):
+  return plan_mesh(parse_topology(name), x, y)
+
+
+def test_tpu_capacity_is_the_chips_hbm():
+  assert capacity.capacity_bytes(_plan("v5p-8", 4, 1)) == 95 * GiB
+
+
+def test_h100_pool_is_75_percent_of_what_the_driver_reports(monkeypatch):
+  monkeypatch.delenv(capacity.FRACTION_ENV, raising=False)
+  budget = capacity.gpu_budget(_plan("h100:2x8", 8, 2))
+  assert budget.device_bytes == 84942979072  # XLA's h100_sxm target config
+  assert budget.pool_bytes == int(0.75 * 84942979072)
+  assert budget.capacity_bytes == budget.pool_bytes
+  assert [x.name for x in budget.lines()] == [
+      "device memory", "XLA pool (75%)", "CUDA context, cuBLAS/cuDNN",
+      "NCCL buffers (2 communicators)"]
+  assert budget.outside[1].bytes == 2 * 32 * 2 * 4 * 2**20
+
+
+def test_mem_fraction_is_read_and_the_runtime_binds_near_one(monkeypatch):
+  monkeypatch.setenv(capacity.FRACTION_ENV, "0.99")
+  budget = capacity.gpu_budget(_plan("h100:8", 8, 1))  # one communicator
+  assert budget.fraction == 0.99
+  assert budget.capacity_bytes == budget.device_bytes - 3 * GiB - 256 * 2**20
+  monkeypatch.setenv(capacity.FRACTION_ENV, "lots")
+  with pytest.raises(ValueError, match="'lots' is not a number"):
+    capacity.mem_fraction()
+  monkeypatch.setenv(capacity.FRACTION_ENV, "1.5")
+  with pytest.raises(ValueError, match=r"must be in \(0, 1\]"):
+    capacity.mem_fraction()
+
+
+def test_h200_reports_its_own_memory(monkeypatch):
+  monkeypatch.delenv(capacity.FRACTION_ENV, raising=False)
+  assert capacity.device_memory("h200") == 151397597184
+  assert capacity.capacity_bytes(_plan("h200:8", 8, 1)) == int(
+      0.75 * 151397597184)
