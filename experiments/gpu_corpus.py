@@ -13,7 +13,8 @@ from experiments.validation_corpus import QWEN2_0_5B, Case
 
 GPU_CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
                                 "compiled_gpu_corpus.jsonl")
-G = "gpu"
+GPU_PART = "gpu"  # the corpus part its rows carry
+G = GPU_PART
 
 CASES: list[Case] = [
     # GPT-2 on one node and over two (X over InfiniBand, Y inside a node).

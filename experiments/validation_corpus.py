@@ -10,8 +10,7 @@ Parts:
          matrix of earlier sessions, then half of the new kinds);
   check  configs of the same kinds nobody tuned on, reported apart;
   toy    the `tiny` model's sub-4-MiB steps, outside the targets (there XLA's
-         peak_memory_in_bytes is not the buffers its own dumps hold);
-  gpu    NVIDIA clusters compiled deviceless (experiments.gpu_corpus).
+         peak_memory_in_bytes is not the buffers its own dumps hold).
 A separate held-out set lives outside this repository.
 """
 
@@ -24,7 +23,7 @@ from simulator.settings import TrainSettings
 
 CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
                             "compiled_corpus.jsonl")
-PARTS = ("tune", "check", "toy", "gpu")  # gpu: experiments.gpu_corpus
+PARTS = ("tune", "check", "toy")
 # Settings a case's label (and the table's `settings` column) lists when
 # they differ from these.
 DEFAULT_SETTINGS = (("shard", "zero3"), ("precision", "mixed"),

@@ -29,6 +29,7 @@ from absl import flags
 
 from experiments import cli
 from experiments import gpu_corpus, validation_corpus
+from experiments.gpu_corpus import GPU_PART
 from experiments.validation_corpus import DEFAULT_SETTINGS, PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
@@ -66,7 +67,7 @@ def _part(row: dict) -> str:
 def summary(rows: list[dict]) -> list[str]:
   ok = [r for r in rows if "relative_error" in r]
   lines = [f"{len(ok)} of {len(rows)} configs compiled."]
-  for part in PARTS:
+  for part in (*PARTS, GPU_PART):
     of_part = [r for r in ok if _part(r) == part]
     keys = (("arguments", "peak_no_overhead") if part == "toy" else
             ("arguments", "peak", "peak_no_overhead", "temp"))
@@ -170,7 +171,8 @@ def write(rows: list[dict], path: str, started: float) -> None:
           "10% planning overhead, `peak-ovh` is the figure held against "
           "XLA's. Parts: `tune` (the rules were read off these), `check` "
           "(nobody tuned on them), `toy` (sub-4-MiB steps, outside the "
-          "targets), `gpu` (experiments.gpu_corpus). Settings other than zero3, mixed, flash, one loss "
+          f"targets){', `gpu` (experiments.gpu_corpus)' if gpu else ''}. "
+          "Settings other than zero3, mixed, flash, one loss "
           "chunk are listed.", "", "## Summary", ""]
   head += summary(rows)
   compile_s = sum(r["compiled"]["compile_seconds"] for r in rows

@@ -187,16 +187,14 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                  dump_dir: str | None = None) -> Compiled:
   """Builds, lowers and compiles the train step on `mesh` (a real Mesh).
 
-  On TPU the compiler dumps the optimized module, its buffer assignment and
-  live ranges into `dump_dir` (a temporary directory if None).
+  On TPU and GPU the compiler dumps the optimized module, its buffer
+  assignment and live ranges into `dump_dir` (a temporary directory if None).
   """
   say = progress or (lambda _: None)
   step = build_step(cfg, settings, mesh)
   t0 = time.perf_counter()
-  platform = mesh.devices.flat[0].platform
-  # TPU: always (the peak's buffers are read off them); GPU: when asked
-  # (its memory-usage report names what is live; read_peak knows TPU names).
-  dumps = platform == "tpu" or (platform == "gpu" and bool(dump_dir))
+  # TPU and GPU: the buffers live at the peak are read off the dumps.
+  dumps = mesh.devices.flat[0].platform in ("tpu", "gpu")
   keep = contextlib.nullcontext(dump_dir) if dump_dir else None
   with jax.set_mesh(mesh), keep or tempfile.TemporaryDirectory() as dump:
     traced = jax.jit(step.fn, donate_argnums=(0, 1)).trace(*step.args)
@@ -209,7 +207,7 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                           "xla_dump_hlo_pass_re": "^$"} if dumps else None)
     seconds = time.perf_counter() - t0
     hlo_text = _optimized_hlo(compiled, dump, module)
-    peak = xla_peak.read_peak(dump, module) if platform == "tpu" else None
+    peak = xla_peak.read_peak(dump, module) if dumps else None
   say(f"{label}compiled in {seconds:.1f} s")
   return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak)
 
@@ -226,7 +224,7 @@ def _optimized_hlo(compiled, dump: str, module: str) -> str:
   0.0.52's Compiled.as_text() logs a RET_CHECK failure about async-update
   operands and a blank stack trace for these modules, then fails), else
   from as_text()."""
-  path = xla_peak.dump_file(dump, module, ".after_optimizations.txt")
+  path = xla_peak.dump_file(dump, module, "after_optimizations.txt")
   if path:
     with open(path) as f:
       return f.read()

@@ -64,8 +64,9 @@ def dump_file(dump_dir: str, module: str, suffix: str) -> str | None:
 
 
 def _files(dump_dir: str, module: str) -> tuple[str, str, str] | None:
+  # TPU: <module>.after_optimizations-..., GPU: <module>.sm_9.0a_gpu_after_...
   assignment = dump_file(dump_dir, module,
-                         ".after_optimizations-buffer-assignment.txt")
+                         "after_optimizations-buffer-assignment.txt")
   if assignment is None:
     return None
   stem = assignment[:-len("-buffer-assignment.txt")]

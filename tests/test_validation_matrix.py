@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from experiments import validation_matrix as vm
+from experiments.validation_corpus import CASES
 from meshes.layout import plan_mesh
 from meshes.topology import parse_topology
 from models.registry import load_model
@@ -108,7 +109,7 @@ def test_cases_compile_in_worker_processes(tmp_path):
   """--workers=2: two toy cases compiled at once, each row appended as it
   finishes, the table in index order."""
   out, rows = tmp_path / "v.md", tmp_path / "r.jsonl"
-  toy = [i for i, c in enumerate(vm.CASES) if c.part == "toy"][:2]
+  toy = [i for i, c in enumerate(CASES) if c.part == "toy"][:2]
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.validation_matrix",
        f"--only={toy[1]},{toy[0]}", "--workers=2", f"--jsonl={rows}",
