@@ -1,6 +1,7 @@
 """T5 encoder-decoder: exact counts, relative buckets, the step at a mesh."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -145,6 +146,20 @@ def test_relative_positions_need_an_encoder():
      "error: target_seq=-4 must be an integer >= 0 (0: the same as seq)"),
 ])
 def test_cli_refuses_with_one_line(args, message):
+  _refused(args, message)
+
+
+def test_cli_refuses_a_bad_t5_config_json(tmp_path):
+  path = tmp_path / "t5.json"
+  path.write_text(json.dumps({
+      "model_type": "t5", "d_model": 64, "d_ff": 128, "d_kv": 16,
+      "num_heads": 4, "num_layers": 2, "vocab_size": 256,
+      "feed_forward_proj": "gated-swish"}))
+  _refused([f"--model={path}"], f"error: {path}: feed_forward_proj="
+           "'gated-swish' is not supported; valid: relu, gelu, gated-gelu")
+
+
+def _refused(args, message):
   p = subprocess.run(
       [sys.executable, "-m", "experiments.memory_report", "--topology=v5p-8",
        "--mesh=2x2", "--batch=8", "--seq=64", *args], cwd=ROOT,
