@@ -133,19 +133,9 @@ def define_adapter_flags() -> None:
 
 
 def train_settings() -> S.TrainSettings:
+  """The run settings the parsed flags name (flags are named as its fields)."""
   f = flags.FLAGS
-  return S.TrainSettings(batch=f.batch, seq=f.seq, target_seq=f.target_seq,
-                         remat=f.remat, attention=f.attention,
-                         optimizer=f.optimizer, precision=f.precision,
-                         shard=f.shard,
-                         loss_chunks=f.loss_chunks, grad_accum=f.grad_accum,
-                         lora_rank=f.lora_rank,
-                         lora_targets=tuple(f.lora_targets),
-                         base_quant=f.base_quant,
-                         offload=tuple(f.offload),
-                         moe_dispatch=f.moe_dispatch,
-                         capacity_factor=f.capacity_factor,
-                         expert_axis=f.expert_axis)
+  return S.settings_from({name: f[name].value for name in f})
 
 
 def fail(message: str) -> None:

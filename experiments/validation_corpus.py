@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from simulator.settings import TrainSettings
+from simulator.settings import TrainSettings, settings_from
 
 CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
                             "compiled_corpus.jsonl")
@@ -59,9 +59,7 @@ class Case:
   expert_axis: str = "none"
 
   def settings(self) -> TrainSettings:
-    fields = {f.name for f in dataclasses.fields(TrainSettings)}
-    return TrainSettings(**{k: v for k, v in dataclasses.asdict(self).items()
-                            if k in fields})
+    return settings_from(dataclasses.asdict(self))
 
   def label(self) -> str:
     text = lambda v: ",".join(v) if isinstance(v, tuple) else str(v)

@@ -14,7 +14,7 @@ from meshes.topology import parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
 from simulator import comms, compiled, memory
-from simulator.settings import TrainSettings
+from simulator.settings import TrainSettings, settings_from
 from simulator.trace import trace
 
 
@@ -48,8 +48,7 @@ def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
 
 def settings_of(config: dict[str, Any]) -> TrainSettings:
   """The TrainSettings a kept row was compiled with."""
-  fields = {f.name for f in dataclasses.fields(TrainSettings)}
-  return TrainSettings(**{k: v for k, v in config.items() if k in fields})
+  return settings_from(config)
 
 
 def recheck(row: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from models.config import ModelConfig
 from models.registry import load_model
 from simulator.cache import Cache
 from simulator.memory.capacity import capacity_bytes
-from simulator.settings import TrainSettings
+from simulator.settings import TrainSettings, settings_from
 from simulator import memory, roofline
 from simulator.step import PlanError
 from simulator.trace import trace_probe
@@ -107,17 +107,9 @@ class SweepSpec:
 
   def settings(self, batch: int, remat: str, shard: str,
                optimizer: str) -> TrainSettings:
-    return TrainSettings(batch=batch, seq=self.seq, target_seq=self.target_seq,
-                         remat=remat, attention=self.attention,
-                         optimizer=optimizer, precision=self.precision,
-                         shard=shard,
-                         grad_accum=self.grad_accum, lora_rank=self.lora_rank,
-                         lora_targets=tuple(self.lora_targets),
-                         base_quant=self.base_quant,
-                         offload=tuple(self.offload),
-                         moe_dispatch=self.moe_dispatch,
-                         capacity_factor=self.capacity_factor,
-                         expert_axis=self.expert_axis)
+    return settings_from({**dataclasses.asdict(self), "batch": batch,
+                          "remat": remat, "shard": shard,
+                          "optimizer": optimizer})
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""

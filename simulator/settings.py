@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Mapping
 
 from models.quant import QUANTS
 
@@ -98,3 +99,11 @@ class TrainSettings:
   @property
   def tokens(self) -> int:
     return self.batch * self.seq
+
+
+def settings_from(values: Mapping[str, Any]) -> TrainSettings:
+  """TrainSettings from anything that names its fields (parsed flags, a sweep
+  spec, a kept corpus row's config); a field it does not name keeps its
+  default, a name that is no field is ignored."""
+  names = {f.name for f in dataclasses.fields(TrainSettings)}
+  return TrainSettings(**{k: v for k, v in values.items() if k in names})
