@@ -34,6 +34,9 @@ DEFAULT_SETTINGS = (("shard", "zero3"), ("precision", "mixed"),
 GEMMA_2B = "models/configs/gemma-2b.json"
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
 T5_V1_1_SMALL = "models/configs/t5-v1_1-small.json"
+# Qwen1.5-MoE-A2.7B's config.json cut to 4 layers (shared expert, top-4 of 60
+# not renormalised).
+QWEN_MOE_4L = "models/configs/qwen1.5-moe-a2.7b-4l.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,5 +204,7 @@ CASES: list[Case] = [
     Case("mixtral_mini", "v5p-8", "2x2", 16, 2048, "dots", "adamw", C,
          capacity_factor=1.25),
     Case("mixtral_mini", "v5p-8", "4x1", 32, 2048, "full", "adamw", C,
+         loss_chunks=4),
+    Case(QWEN_MOE_4L, "v5p-8", "4x1", 8, 2048, "full", "adamw", C,
          loss_chunks=4),
 ]
