@@ -26,10 +26,15 @@ def _scores(q, k, q_pos, k_pos):
   return jnp.where(causal, s, -1e30)
 
 
-def materialized(q, k, v):
-  s = q.shape[1]
-  pos = jnp.arange(s)
-  p_BxKxGxSxT = jax.nn.softmax(_scores(q, k, pos, pos), axis=-1).astype(q.dtype)
+def materialized(q, k, v, start=0):
+  """q at positions start..start+S-1 attends to k, v at 0..T-1 (T = S from
+  0 in training; a decode step's q against the whole KV cache)."""
+  q_pos = jnp.arange(q.shape[1])
+  if not isinstance(start, int) or start:
+    q_pos = q_pos + start
+  k_pos = jnp.arange(k.shape[1])
+  p_BxKxGxSxT = jax.nn.softmax(_scores(q, k, q_pos, k_pos),
+                               axis=-1).astype(q.dtype)
   return jnp.einsum("bkgst,btkh->bskgh", p_BxKxGxSxT, v)
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from models import attention, scopes
+from models import attention, decode, scopes
 from models.config import ModelConfig
 from models.layers import Dense, Mlp, Norm, activation, weight
 from models.remat import policy
@@ -23,10 +23,14 @@ RESIDUAL = ("batch", "length", "embed")  # the stream between blocks
 GATHERED = ("batch", "length", None)  # the same, gathered for a matmul
 
 
-def _rope(x_BxSxNxH: jax.Array, theta: float) -> jax.Array:
+def _rope(x_BxSxNxH: jax.Array, theta: float, start=0) -> jax.Array:
+  """Rotary embedding of tokens at positions start..start+S-1."""
   s, h = x_BxSxNxH.shape[1], x_BxSxNxH.shape[-1]
   freq = theta ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)
-  angle_SxH2 = jnp.arange(s, dtype=jnp.float32)[:, None] * freq[None, :]
+  pos_S = jnp.arange(s, dtype=jnp.float32)
+  if not isinstance(start, int) or start:
+    pos_S = pos_S + start
+  angle_SxH2 = pos_S[:, None] * freq[None, :]
   sin = jnp.sin(angle_SxH2)[None, :, None, :]
   cos = jnp.cos(angle_SxH2)[None, :, None, :]
   x1, x2 = jnp.split(x_BxSxNxH.astype(jnp.float32), 2, axis=-1)
@@ -54,6 +58,11 @@ def _group_heads(q_BxSxNxH: jax.Array, n_kv_heads: int,
 
 
 class Attention(nn.Module):
+  """Self-attention; with a KV cache (serving) it also writes the step's k
+  and v at `pos` and returns the updated cache: a prefill (S > 1 tokens,
+  from position 0) attends over its own k and v, a decode step over the
+  whole cache (models.decode). Returns (output, cache or None)."""
+
   cfg: ModelConfig
   rules: AxisRules
   impl: str
@@ -62,7 +71,9 @@ class Attention(nn.Module):
   lora: tuple = (0, ())  # (rank, the projections that get an adapter)
 
   @nn.compact
-  def __call__(self, x_BxSxD: jax.Array) -> jax.Array:
+  def __call__(self, x_BxSxD: jax.Array, cache: decode.KVCache | None = None,
+               pos: jax.Array | int = 0
+               ) -> tuple[jax.Array, decode.KVCache | None]:
     c = self.cfg
     common = dict(rules=self.rules, dtype=self.dtype,
                   param_dtype=self.param_dtype, bias_dims=2)
@@ -75,16 +86,22 @@ class Attention(nn.Module):
     k = proj("k", c.n_kv_heads, "kv_heads")(x_BxSxD)
     v = proj("v", c.n_kv_heads, "kv_heads")(x_BxSxD)
     if c.positions == "rope":
-      q, k = _rope(q, c.rope_theta), _rope(k, c.rope_theta)
+      q, k = _rope(q, c.rope_theta, pos), _rope(k, c.rope_theta, pos)
     q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
     q_BxSxKxGxH = _group_heads(q, c.n_kv_heads, self.rules)
-    o = attention.attend(self.impl, q_BxSxKxGxH, k, v)
+    if cache is not None:
+      cache = decode.write(cache, k, v, pos)
+    if cache is None or x_BxSxD.shape[1] > 1:
+      o = attention.attend(self.impl, q_BxSxKxGxH, k, v)
+    else:
+      o = attention.materialized(q_BxSxKxGxH, *decode.read(cache, k.dtype),
+                                 start=pos)
     o_BxSxNxH = checkpoint_name(_reshape(
         o, q.shape, self.rules, ("batch", "length", "heads", "kv")), "attn_out")
     return checkpoint_name(Dense(
         (c.n_heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
         "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o", lora_rank=rank("o"),
-        **{**common, "bias_dims": 1})(o_BxSxNxH), "out_proj")
+        **{**common, "bias_dims": 1})(o_BxSxNxH), "out_proj"), cache
 
 
 class Block(nn.Module):
@@ -96,7 +113,10 @@ class Block(nn.Module):
   lora: tuple = (0, ())
 
   @nn.compact
-  def __call__(self, x_BxSxD: jax.Array, _) -> tuple[jax.Array, None]:
+  def __call__(self, x_BxSxD: jax.Array, cache: decode.KVCache | None = None,
+               pos: jax.Array | int = 0
+               ) -> tuple[jax.Array, decode.KVCache | None]:
+    """One layer; `cache` is this layer's KV cache slice when serving."""
     c = self.cfg
     norm = lambda name: Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                              name=name)
@@ -105,18 +125,22 @@ class Block(nn.Module):
     mlp = Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp", **mods)
     if c.parallel_block:
       h = norm("pre_norm")(activation(x_BxSxD, GATHERED, self.rules))
-      attn = Attention(c, impl=self.attention, name="attn", **mods)(h)
-      return x_BxSxD + (attn + mlp(h)), None  # one TP reduction for both
+      attn, cache = Attention(c, impl=self.attention, name="attn",
+                              **mods)(h, cache, pos)
+      return x_BxSxD + (attn + mlp(h)), cache  # one TP reduction for both
     if c.attention:
       h = norm("attn_norm")(activation(x_BxSxD, GATHERED, self.rules))
-      x_BxSxD = x_BxSxD + Attention(c, impl=self.attention, name="attn",
-                                    **mods)(h)
+      attn, cache = Attention(c, impl=self.attention, name="attn",
+                              **mods)(h, cache, pos)
+      x_BxSxD = x_BxSxD + attn
     h = norm("mlp_norm")(activation(x_BxSxD, GATHERED, self.rules))
-    return x_BxSxD + mlp(h), None
+    return x_BxSxD + mlp(h), cache
 
 
 class Decoder(nn.Module):
-  """Token ids (or, without embeddings, input activations) → mean loss.
+  """Token ids (or, without embeddings, input activations) → mean loss; or,
+  serving (a KV cache given, models.decode), token ids at positions
+  pos.. → (next-token logits [B, V] f32, the updated cache).
 
   remat: a policy name from models.remat. loss_chunks > 1 computes logits and
   loss one sequence chunk at a time, rematerialized, so only one chunk of
@@ -133,14 +157,18 @@ class Decoder(nn.Module):
   lora: tuple = (0, ())  # (rank, projections): LoRA adapters (layers.Dense)
 
   @nn.compact
-  def __call__(self, inputs: jax.Array, targets: jax.Array) -> jax.Array:
+  def __call__(self, inputs: jax.Array, targets: jax.Array | None = None,
+               cache: decode.KVCache | None = None, pos: jax.Array | int = 0):
     c = self.cfg
     args = (self.rules, self.dtype, self.param_dtype)
+    if cache is not None and not (c.embeddings and c.attention):
+      raise ValueError(f"model {c.name!r} has no token embeddings or no "
+                       f"attention: nothing to serve with a KV cache")
     if c.embeddings:
       table_VxD = self.param("embedding", nn.with_logical_partitioning(
           nn.initializers.normal(1.0), ("vocab", "embed")),
                              (c.vocab_size, c.d_model), self.param_dtype)
-      x = self._embed(table_VxD.astype(self.dtype), inputs)
+      x = self._embed(table_VxD.astype(self.dtype), inputs, pos)
     else:
       x = activation(inputs.astype(self.dtype), RESIDUAL, self.rules)
     block = Block
@@ -149,10 +177,12 @@ class Decoder(nn.Module):
       block = nn.remat(Block, policy=remat_policy, prevent_cse=False)
     blocks = nn.scan(block, variable_axes={"params": 0},
                      split_rngs={"params": True}, length=c.n_layers,
+                     in_axes=(0, nn.broadcast),
                      metadata_params={nn.PARTITION_NAME: "layers"})
     with jax.named_scope(scopes.LAYERS):
-      x, _ = blocks(c, self.rules, self.attention, self.dtype,
-                    self.param_dtype, self.lora, name="blocks")(x, None)
+      x, cache = blocks(c, self.rules, self.attention, self.dtype,
+                        self.param_dtype, self.lora, name="blocks")(
+                            x, cache, pos)
     if c.final_norm:
       x = Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                name="final_norm")(activation(x, GATHERED, self.rules))
@@ -167,10 +197,14 @@ class Decoder(nn.Module):
     else:
       w_DxV = weight(self, "output", (c.d_model, c.vocab_size),
                      ("embed", "vocab"), *args)
+    if cache is not None:
+      with jax.named_scope(scopes.LOSS):
+        return _next_logits(x[:, -1], w_DxV, self.rules), cache
     with jax.named_scope(scopes.LOSS):
       return _chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
 
-  def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array) -> jax.Array:
+  def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array,
+             start: jax.Array | int = 0) -> jax.Array:
     c = self.cfg
     x = _lookup(table_VxD, ids_BxS, self.rules)
     if c.embed_scale:
@@ -179,8 +213,9 @@ class Decoder(nn.Module):
       pos = weight(self, "positions", (c.max_len, c.d_model), (None, "embed"),
                    self.rules, self.dtype, self.param_dtype,
                    init=nn.initializers.normal(1.0))
-      x = x + activation(pos[None, :ids_BxS.shape[1]], (None, None, "embed"),
-                         self.rules)
+      pos_SxD = (pos[:ids_BxS.shape[1]] if isinstance(start, int) else
+                 jax.lax.dynamic_slice_in_dim(pos, start, ids_BxS.shape[1]))
+      x = x + activation(pos_SxD[None], (None, None, "embed"), self.rules)
     return x
 
 
@@ -201,6 +236,15 @@ def _lookup(table_VxD: jax.Array, ids_BxS: jax.Array,
   return jax.shard_map(lambda t, i: jnp.take(t, i, axis=0),
                        in_specs=(table_spec, ids_spec), out_specs=out_spec)(
                            table_VxD, ids_BxS)
+
+
+def _next_logits(x_BxD, w_DxV, rules) -> jax.Array:
+  """The last position's logits [B, V] in f32: what a sampler reads."""
+  spec = None
+  if not jax.sharding.get_abstract_mesh().empty:
+    spec = rules.spec("activations", ("batch", "vocab"))
+  return jnp.einsum("bd,dv->bv", x_BxD, w_DxV, out_sharding=spec,
+                    preferred_element_type=jnp.float32)
 
 
 def _loss(x_BxSxD, w_DxV, targets_BxS, rules):
