@@ -9,7 +9,8 @@ written in place into the stacked buffers, its carry is one buffer (the
 initial value's, when that dies at the loop), and its body's own values are
 transient within one iteration; a jit, checkpoint, custom_vjp or shard_map
 body's values are transient within the call. The updated params and
-optimizer state are written into their donated argument buffers. Where XLA
+optimizer state (a serving step's KV cache) are written into their
+donated argument buffers, unless a loop stacks them. Where XLA
 holds a value differently, a rule of simulator.memory.xla_rules says so.
 
 The transient peak is the largest live set over program points, as XLA's
@@ -409,7 +410,8 @@ def simulate(jaxpr, donated_outputs: int) -> Points:
   outputs are written into donated argument buffers."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   sim = _Simulation()
-  in_place = tuple(jaxpr.outvars[:donated_outputs])
+  in_place = tuple(xla_rules.donated_in_place(
+      jaxpr, jaxpr.outvars[:donated_outputs]))
   points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
   names = [_part(p[2]) for p in points]
   parts = tuple(dict.fromkeys(names))
