@@ -84,3 +84,28 @@ def test_decode_peak_holds_the_scanned_cache_stacks():
   d = e.phases["decode"]
   assert d.peak_bytes - d.arguments_bytes >= e.kv_cache_bytes
   assert d.peak_bytes - d.arguments_bytes < 1.1 * e.kv_cache_bytes
+
+
+def test_kept_compiles_within_the_memory_targets():
+  """experiments/data/inference_compiled.jsonl: both steps of six plans
+  compiled for v5p-8 through libtpu (experiments.inference_report
+  --compile); today's symbolic peaks against XLA's: median |error| <= 3%,
+  worst <= 8%, no under-estimate below -5%."""
+  import json
+  import os
+  import statistics
+  path = os.path.join(os.path.dirname(__file__), "..", "experiments", "data",
+                      "inference_compiled.jsonl")
+  errors = []
+  with open(path) as f:
+    for line in f:
+      row = json.loads(line)
+      plan = plan_mesh(parse_topology(row["topology"]), *row["mesh"])
+      e = inference.inference_report(load_model(row["model"]),
+                                     ServeSettings(**row["serve"]), plan)
+      for phase, c in inference.compare(e, row["compiled"]).items():
+        assert c["argument_error"] == 0, (row, phase)
+        errors.append(c["peak_error"])
+  assert len(errors) == 12
+  assert statistics.median(map(abs, errors)) <= 0.03
+  assert max(map(abs, errors)) <= 0.08 and min(errors) >= -0.05

@@ -112,6 +112,7 @@ class _Plan:
   reuses: dict
   stacks: dict
   reads: dict  # equation index -> the buffers its fusion reads
+  dead: set  # ids of the equations the dead-code rule removes
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
@@ -141,11 +142,14 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   chained = xla_rules.matmul_fusion_chain(eqns, readers, outs)
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
+  dead = xla_rules.dead_equations(jaxpr)
+  no_buffer = accumulated | {v for e in eqns if id(e) in dead
+                             for v in e.outvars}
   size: dict = {}
   for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
     eqn = eqns[i]
     for v in eqn.outvars:
-      if v in accumulated:
+      if v in no_buffer:
         size[v] = (0, 0)
         continue
       fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or (
@@ -206,7 +210,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   for v, i in last.items():
     if v in size and v not in taken and size[v] != (0, 0):
       frees.setdefault(i, []).append(v)
-  return _Plan(jaxpr, size, frees, reuses, stacks, reads)
+  return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead)
 
 
 class _Simulation:
@@ -274,8 +278,8 @@ class _Simulation:
         if v not in plan.reuses:
           at = _add(at, plan.size[v])
       inner = []
-      for k, (sub, sub_local, in_place) in enumerate(
-          xla_rules.calls(eqn, local)):
+      calls = [] if id(eqn) in plan.dead else xla_rules.calls(eqn, local)
+      for k, (sub, sub_local, in_place) in enumerate(calls):
         inner += [(f, l, w, (k, *path)) for f, l, w, path in
                   self.transient(sub, sub_local, in_place)]
       where = _where(eqn)

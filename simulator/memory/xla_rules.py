@@ -67,6 +67,17 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   b256 s4096, mistral 16x1 s4096); which one
                   its scheduler picks is not derived here, so the simulation
                   takes the one that holds more;
+  dead code       an equation no live value reads (and with no effects) is
+                  removed, as jit's dead-code pass removes it: no buffer and
+                  no transient work. Flax's lifted layer scan leaves one
+                  behind when serving: a custom_vjp_call with no operands
+                  whose outputs, the flash kernel's causal masks and -1e30
+                  fills of every key block (bool[2,4,32,1,1024,512],
+                  f32[4,32,1,1024,512] in the llama2_7b prefill, v5p-8 4x1,
+                  batch 16, prompt 1024), nothing reads; none of them is at
+                  XLA's peak of that prefill or of the batch-32, prompt-2048
+                  one (its buffers at the peak: weights, the cache, one
+                  f32[8,32,1,2048,512] score block);
   stacked outputs a loop's stacked output that the step returns into a
   not donated     donated argument's buffer is still a stack of its own:
                   XLA's while loop writes its slices into a fresh buffer and
@@ -226,6 +237,20 @@ def accumulated_stacks(eqns, readers, in_place: set, inputs: set) -> set:
                   if isinstance(u, jcore.Var) and u is not v)):
         out.add(v)
   return out
+
+
+def dead_equations(jaxpr) -> set:
+  """The dead-code rule: the ids of the equations of `jaxpr` with no
+  effects whose outputs no live equation reads and the jaxpr does not
+  return."""
+  read = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+  dead = set()
+  for eqn in reversed(jaxpr.eqns):
+    if not eqn.effects and not any(v in read for v in eqn.outvars):
+      dead.add(id(eqn))
+      continue
+    read.update(v for v in eqn.invars if isinstance(v, jcore.Var))
+  return dead
 
 
 def donated_in_place(jaxpr, donated: list) -> list:
