@@ -139,7 +139,8 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
   """Token ids (or, without embeddings, input activations) → mean loss; or,
-  serving (a KV cache given, models.decode), token ids at positions
+  serving (a KV cache given, models.decode; a model with embeddings and
+  attention: simulator.serve_step.check_serve), token ids at positions
   pos.. → (next-token logits [B, V] f32, the updated cache).
 
   remat: a policy name from models.remat. loss_chunks > 1 computes logits and
@@ -161,9 +162,6 @@ class Decoder(nn.Module):
                cache: decode.KVCache | None = None, pos: jax.Array | int = 0):
     c = self.cfg
     args = (self.rules, self.dtype, self.param_dtype)
-    if cache is not None and not (c.embeddings and c.attention):
-      raise ValueError(f"model {c.name!r} has no token embeddings or no "
-                       f"attention: nothing to serve with a KV cache")
     if c.embeddings:
       table_VxD = self.param("embedding", nn.with_logical_partitioning(
           nn.initializers.normal(1.0), ("vocab", "embed")),
