@@ -33,9 +33,14 @@ def _scores(q, k, q_pos, k_pos, causal, scale, bias=None):
   return jnp.where(q_pos[:, None] >= k_pos[None, :], s, -1e30)
 
 
-def materialized(q, k, v, bias=None, causal=True, scale=None):
+def materialized(q, k, v, bias=None, causal=True, scale=None, start=0):
+  """q at positions start..start+S-1 attends to k, v at 0..T-1 (T = S from
+  0 in training; a decode step's q against the whole KV cache)."""
   scale = q.shape[-1] ** -0.5 if scale is None else scale
-  q_pos, k_pos = jnp.arange(q.shape[1]), jnp.arange(k.shape[1])
+  q_pos = jnp.arange(q.shape[1])
+  if not isinstance(start, int) or start:
+    q_pos = q_pos + start
+  k_pos = jnp.arange(k.shape[1])
   p_BxKxGxSxT = jax.nn.softmax(_scores(q, k, q_pos, k_pos, causal, scale, bias),
                                axis=-1).astype(q.dtype)
   return jnp.einsum("bkgst,btkh->bskgh", p_BxKxGxSxT, v)

@@ -82,10 +82,10 @@ class Block(nn.Module):
     attn = lambda name, causal: Attention(c, impl=self.attention, causal=causal,
                                           scale=1.0, name=name, **mods)
     h = norm("attn_norm")(activation(x_BxSxD, GATHERED, self.rules))
-    x_BxSxD = x_BxSxD + attn("attn", self.decoder)(h, None, bias_KxGxSxS)
+    x_BxSxD = x_BxSxD + attn("attn", self.decoder)(h, None, bias_KxGxSxS)[0]
     if self.decoder:
       h = norm("cross_norm")(activation(x_BxSxD, GATHERED, self.rules))
-      x_BxSxD = x_BxSxD + attn("cross_attn", False)(h, encoded_BxTxD)
+      x_BxSxD = x_BxSxD + attn("cross_attn", False)(h, encoded_BxTxD)[0]
     h = norm("mlp_norm")(activation(x_BxSxD, GATHERED, self.rules))
     return x_BxSxD + Mlp(c.mlp, c.d_model, c.d_ff, c.bias, name="mlp",
                          **mods)(h), None

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from models import attention, scopes
+from models import attention, decode, scopes
 from models.config import ModelConfig
 from models.layers import Dense, Mlp, Norm, activation, weight
 from models.offload import on_device
@@ -25,10 +25,14 @@ RESIDUAL = ("batch", "length", "embed")  # the stream between blocks
 GATHERED = ("batch", "length", None)  # the same, gathered for a matmul
 
 
-def _rope(x_BxSxNxH: jax.Array, theta: float) -> jax.Array:
+def _rope(x_BxSxNxH: jax.Array, theta: float, start=0) -> jax.Array:
+  """Rotary embedding of tokens at positions start..start+S-1."""
   s, h = x_BxSxNxH.shape[1], x_BxSxNxH.shape[-1]
   freq = theta ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)
-  angle_SxH2 = jnp.arange(s, dtype=jnp.float32)[:, None] * freq[None, :]
+  pos_S = jnp.arange(s, dtype=jnp.float32)
+  if not isinstance(start, int) or start:
+    pos_S = pos_S + start
+  angle_SxH2 = pos_S[:, None] * freq[None, :]
   sin = jnp.sin(angle_SxH2)[None, :, None, :]
   cos = jnp.cos(angle_SxH2)[None, :, None, :]
   x1, x2 = jnp.split(x_BxSxNxH.astype(jnp.float32), 2, axis=-1)
@@ -61,7 +65,11 @@ def group_heads(x: jax.Array, names, n_kv_heads: int,
 class Attention(nn.Module):
   """Self-attention over x, or with `context_BxTxD` cross-attention (keys
   and values from the context); `bias_KxGxSxT` is added to the scores and
-  `scale` multiplies them (models.attention)."""
+  `scale` multiplies them (models.attention). With a KV cache (serving) it
+  also writes the step's k and v at `pos` and returns the updated cache: a
+  prefill (S > 1 tokens, from position 0) attends over its own k and v, a
+  decode step over the whole cache (models.decode). Returns (output, cache
+  or None)."""
 
   cfg: ModelConfig
   rules: AxisRules
@@ -75,7 +83,9 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxSxD: jax.Array, context_BxTxD: jax.Array | None = None,
-               bias_KxGxSxT: jax.Array | None = None) -> jax.Array:
+               bias_KxGxSxT: jax.Array | None = None,
+               cache: decode.KVCache | None = None, pos: jax.Array | int = 0
+               ) -> tuple[jax.Array, decode.KVCache | None]:
     c = self.cfg
     kv_in = x_BxSxD if context_BxTxD is None else context_BxTxD
     common = dict(rules=self.rules, dtype=self.dtype,
@@ -89,18 +99,25 @@ class Attention(nn.Module):
     k = proj("k", c.n_kv_heads, "kv_heads")(kv_in)
     v = proj("v", c.n_kv_heads, "kv_heads")(kv_in)
     if c.positions == "rope":
-      q, k = _rope(q, c.rope_theta), _rope(k, c.rope_theta)
+      q, k = _rope(q, c.rope_theta, pos), _rope(k, c.rope_theta, pos)
     q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
     q_BxSxKxGxH = group_heads(q, ("batch", "length", "heads", "kv"),
                               c.n_kv_heads, self.rules)
-    o = attention.attend(self.impl, q_BxSxKxGxH, k, v, bias_KxGxSxT,
-                         self.causal, self.scale)
+    if cache is not None:
+      cache = decode.write(cache, k, v, pos)
+    if cache is None or x_BxSxD.shape[1] > 1:
+      o = attention.attend(self.impl, q_BxSxKxGxH, k, v, bias_KxGxSxT,
+                           self.causal, self.scale)
+    else:
+      o = attention.materialized(q_BxSxKxGxH, *decode.read(cache, k.dtype),
+                                 bias_KxGxSxT, self.causal, self.scale,
+                                 start=pos)
     o_BxSxNxH = checkpoint_name(_reshape(
         o, q.shape, self.rules, ("batch", "length", "heads", "kv")), "attn_out")
     return checkpoint_name(Dense(
         (c.n_heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
         "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o", lora_rank=rank("o"),
-        **{**common, "bias_dims": 1})(o_BxSxNxH), "out_proj")
+        **{**common, "bias_dims": 1})(o_BxSxNxH), "out_proj"), cache
 
 
 class Block(nn.Module):
@@ -117,8 +134,10 @@ class Block(nn.Module):
   capacity_factor: float = 1.0
 
   @nn.compact
-  def __call__(self, x_BxSxD: jax.Array,
-               _) -> tuple[jax.Array, jax.Array | None]:
+  def __call__(self, x_BxSxD: jax.Array, cache: decode.KVCache | None = None,
+               pos: jax.Array | int = 0) -> tuple[jax.Array, tuple]:
+    """One layer: (x, (the MoE load-balancing loss or None, this layer's
+    updated KV cache slice when serving or None))."""
     c = self.cfg
     norm = lambda name: Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                              name=name)
@@ -132,20 +151,25 @@ class Block(nn.Module):
       mlp = lambda h: (dense(h), None)
     if c.parallel_block:
       h = norm("pre_norm")(activation(x_BxSxD, GATHERED, self.rules))
-      attn = Attention(c, impl=self.attention, name="attn", **mods)(h)
+      attn, cache = Attention(c, impl=self.attention, name="attn",
+                              **mods)(h, cache=cache, pos=pos)
       y, aux = mlp(h)
-      return x_BxSxD + (attn + y), aux  # one TP reduction for both
+      return x_BxSxD + (attn + y), (aux, cache)  # one TP reduction for both
     if c.attention:
       h = norm("attn_norm")(activation(x_BxSxD, GATHERED, self.rules))
-      x_BxSxD = x_BxSxD + Attention(c, impl=self.attention, name="attn",
-                                    **mods)(h)
+      attn, cache = Attention(c, impl=self.attention, name="attn",
+                              **mods)(h, cache=cache, pos=pos)
+      x_BxSxD = x_BxSxD + attn
     h = norm("mlp_norm")(activation(x_BxSxD, GATHERED, self.rules))
     y, aux = mlp(h)
-    return x_BxSxD + y, aux
+    return x_BxSxD + y, (aux, cache)
 
 
 class Decoder(nn.Module):
-  """Token ids (or, without embeddings, input activations) → mean loss.
+  """Token ids (or, without embeddings, input activations) → mean loss; or,
+  serving (a KV cache given, models.decode; a model with embeddings and
+  attention: simulator.serve_step.check_serve), token ids at positions
+  pos.. → (next-token logits [B, V] f32, the updated cache).
 
   remat: a policy name from models.remat. loss_chunks > 1 computes logits and
   loss one sequence chunk at a time, rematerialized, so only one chunk of
@@ -164,7 +188,8 @@ class Decoder(nn.Module):
   quant: str = "none"  # the layers' projections stored quantized (QLoRA)
 
   @nn.compact
-  def __call__(self, inputs: jax.Array, targets: jax.Array) -> jax.Array:
+  def __call__(self, inputs: jax.Array, targets: jax.Array | None = None,
+               cache: decode.KVCache | None = None, pos: jax.Array | int = 0):
     c = self.cfg
     args = (self.rules, self.dtype, self.param_dtype)
     if c.embeddings:
@@ -172,14 +197,15 @@ class Decoder(nn.Module):
           "embedding", nn.with_logical_partitioning(
               nn.initializers.normal(1.0), ("vocab", "embed")),
           (c.vocab_size, c.d_model), self.param_dtype))
-      x = self._embed(table_VxD.astype(self.dtype), inputs)
+      x = self._embed(table_VxD.astype(self.dtype), inputs, pos)
     else:
       x = activation(inputs.astype(self.dtype), RESIDUAL, self.rules)
-    blocks = scanned(Block, c.n_layers, self.remat)
+    blocks = scanned(Block, c.n_layers, self.remat, in_axes=(0, nn.broadcast))
     with jax.named_scope(scopes.LAYERS):
-      x, aux_L = blocks(c, self.rules, self.attention, self.dtype,
-                        self.param_dtype, self.lora, self.quant,
-                        self.capacity_factor, name="blocks")(x, None)
+      x, (aux_L, cache) = blocks(c, self.rules, self.attention, self.dtype,
+                                 self.param_dtype, self.lora, self.quant,
+                                 self.capacity_factor, name="blocks")(
+                                     x, cache, pos)
     if c.final_norm:
       x = Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                name="final_norm")(activation(x, GATHERED, self.rules))
@@ -195,13 +221,17 @@ class Decoder(nn.Module):
       else:
         w_DxV = weight(self, "output", (c.d_model, c.vocab_size),
                        ("embed", "vocab"), *args)
+      if cache is not None:
+        with jax.named_scope(scopes.LOSS):
+          return _next_logits(x[:, -1], w_DxV, self.rules), cache
       with jax.named_scope(scopes.LOSS):
         loss = chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
     if c.moe:  # the layers' load-balancing losses, averaged (Switch)
       loss = loss + c.router_aux_loss_coef * jnp.mean(aux_L)
     return loss
 
-  def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array) -> jax.Array:
+  def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array,
+             start: jax.Array | int = 0) -> jax.Array:
     c = self.cfg
     x = lookup(table_VxD, ids_BxS, self.rules)
     if c.embed_scale:
@@ -210,19 +240,23 @@ class Decoder(nn.Module):
       pos = weight(self, "positions", (c.max_len, c.d_model), (None, "embed"),
                    self.rules, self.dtype, self.param_dtype,
                    init=nn.initializers.normal(1.0))
-      x = x + activation(pos[None, :ids_BxS.shape[1]], (None, None, "embed"),
-                         self.rules)
+      pos_SxD = (pos[:ids_BxS.shape[1]] if isinstance(start, int) else
+                 jax.lax.dynamic_slice_in_dim(pos, start, ids_BxS.shape[1]))
+      x = x + activation(pos_SxD[None], (None, None, "embed"), self.rules)
     return x
 
 
-def scanned(block: type[nn.Module], n_layers: int, remat: str):
+def scanned(block: type[nn.Module], n_layers: int, remat: str,
+            in_axes=nn.broadcast):
   """`block` under nn.scan over `n_layers` layers (params stacked on the
-  `layers` logical axis), rematerialized by the named policy; arguments after
-  the carried residual stream are the same for every layer (broadcast)."""
+  `layers` logical axis), rematerialized by the named policy; `in_axes` says
+  which arguments after the carried residual stream are sliced per layer (0:
+  a KV cache stacked over layers) and which are the same for every layer
+  (nn.broadcast)."""
   if remat != "none":
     block = nn.remat(block, policy=policy(remat), prevent_cse=False)
   return nn.scan(block, variable_axes={"params": 0},
-                 split_rngs={"params": True}, in_axes=nn.broadcast,
+                 split_rngs={"params": True}, in_axes=in_axes,
                  length=n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
 
 
@@ -245,6 +279,15 @@ def lookup(table_VxD: jax.Array, ids: jax.Array, rules: AxisRules,
   return jax.shard_map(lambda t, i: jnp.take(t, i, axis=0),
                        in_specs=(table_spec, ids_spec), out_specs=out_spec)(
                            table_VxD, ids)
+
+
+def _next_logits(x_BxD, w_DxV, rules) -> jax.Array:
+  """The last position's logits [B, V] in f32: what a sampler reads."""
+  spec = None
+  if not jax.sharding.get_abstract_mesh().empty:
+    spec = rules.spec("activations", ("batch", "vocab"))
+  return jnp.einsum("bd,dv->bv", x_BxD, w_DxV, out_sharding=spec,
+                    preferred_element_type=jnp.float32)
 
 
 def _loss(x_BxSxD, w_DxV, targets_BxS, rules):

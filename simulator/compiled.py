@@ -16,6 +16,9 @@ params and optimizer state donated (as a training loop would) and compiled for:
   local GPUs ("gpu"), when present; `run_steps` then executes a few steps on
        random data and reads `device.memory_stats()`.
 
+`compile_fn` compiles any step function the same way (the serving steps of
+simulator.serve_step: simulator.inference.compile_serve).
+
 Figures read (per device, bytes):
   memory_analysis(): argument, output, alias, temp, generated_code, host_* and
     peak_memory_in_bytes.
@@ -190,14 +193,24 @@ def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   On TPU and GPU the compiler dumps the optimized module, its buffer
   assignment and live ranges into `dump_dir` (a temporary directory if None).
   """
-  say = progress or (lambda _: None)
   step = build_step(cfg, settings, mesh)
+  return compile_fn(step, step.fn, step.args, (0, 1), mesh, progress, label,
+                    dump_dir)
+
+
+def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
+               progress: Progress | None = None, label: str = "",
+               dump_dir: str | None = None) -> Compiled:
+  """Lowers and compiles any step function `fn(*args)` on `mesh` (a real
+  Mesh), the arguments in `donate` donated; `step` is kept beside it (the
+  train step, or a serving step of simulator.serve_step)."""
+  say = progress or (lambda _: None)
   t0 = time.perf_counter()
   # TPU and GPU: the buffers live at the peak are read off the dumps.
   dumps = mesh.devices.flat[0].platform in ("tpu", "gpu")
   keep = contextlib.nullcontext(dump_dir) if dump_dir else None
   with jax.set_mesh(mesh), keep or tempfile.TemporaryDirectory() as dump:
-    traced = jax.jit(step.fn, donate_argnums=(0, 1)).trace(*step.args)
+    traced = jax.jit(fn, donate_argnums=donate).trace(*args)
     reads = tuple(read_inputs(traced.jaxpr))
     lowered = traced.lower()
     module = module_name(lowered)
@@ -240,7 +253,20 @@ def _get(obj, name, default=0):
   return default if value is None else value
 
 
-def report(c: Compiled, target: str) -> CompiledReport:
+@dataclasses.dataclass(frozen=True)
+class MemoryFigures:
+  """memory_analysis() per device, and the peak read from it."""
+
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  peak_bytes: int
+  peak_source: str  # "peak_memory_in_bytes" or "argument+output-alias+temp"
+  bound_bytes: int  # argument + output - alias + temp
+
+
+def memory_figures(c: Compiled, target: str) -> MemoryFigures:
   mem = c.compiled.memory_analysis()
   if mem is None:
     raise ValueError(f"{target}: the backend returned no memory_analysis()")
@@ -263,6 +289,17 @@ def report(c: Compiled, target: str) -> CompiledReport:
   # about the argument size); there the bound is the figure.
   if peak <= 0 or target_kind(target) == "cpu":
     peak, source = bound, "argument+output-alias+temp"
+  return MemoryFigures(arg, out, alias, temp, peak, source, bound)
+
+
+def report(c: Compiled, target: str) -> CompiledReport:
+  fig = memory_figures(c, target)
+  mem = c.compiled.memory_analysis()
+  arg, out, alias, temp = (fig.argument_bytes, fig.output_bytes,
+                           fig.alias_bytes, fig.temp_bytes)
+  bound, peak, source = fig.bound_bytes, fig.peak_bytes, fig.peak_source
+  host = {k: int(_get(mem, f"host_{k}_size_in_bytes"))
+          for k in ("argument", "output", "alias", "temp", "generated_code")}
   cost = None
   try:
     cost = c.compiled.cost_analysis()

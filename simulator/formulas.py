@@ -291,6 +291,26 @@ def activation_bytes_korthikanti(batch: int, seq_len: int, hidden: int,
       quadratic=5 * heads * seq_len * seq_len * batch)
 
 
+def kv_cache_bytes_seed002(batch: int, seq_len: int, layers: int, hidden: int,
+                           tp: int = 1, bytes_per_element: int = 2) -> int:
+  """Seed 002's KV cache per rank: 2·B·S·L·H / T elements of
+  bytes(dtype) (its "Core Formulas" line; B the per-rank micro-batch, H
+  the hidden size). It counts H = d_model wide keys and values, so it
+  overstates a GQA/MQA model's cache by n_heads / n_kv_heads, and it
+  divides by T even where T does not divide the kv heads (replicated)."""
+  return 2 * batch * seq_len * layers * hidden * bytes_per_element // tp
+
+
+def kv_cache_bytes(batch: int, seq_len: int, layers: int, kv_heads: int,
+                   head_dim: int, bytes_per_element: int = 2,
+                   scale_bytes: int = 0) -> int:
+  """The KV cache of B sequences of S positions: 2·L·B·S·K·Hd elements,
+  plus (int8) one scale of `scale_bytes` per token per kv head for k and
+  for v. Per device: pass B/X and K/Y (K where Y does not divide K)."""
+  tokens_heads = 2 * layers * batch * seq_len * kv_heads
+  return tokens_heads * (head_dim * bytes_per_element + scale_bytes)
+
+
 # --------------------------------------------------------------------------
 # FLOPs.
 # --------------------------------------------------------------------------

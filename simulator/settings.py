@@ -107,3 +107,34 @@ def settings_from(values: Mapping[str, Any]) -> TrainSettings:
   default, a name that is no field is ignored."""
   names = {f.name for f in dataclasses.fields(TrainSettings)}
   return TrainSettings(**{k: v for k, v in values.items() if k in names})
+
+
+KV_DTYPES = ("bf16", "int8")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+  """Serving with a KV cache: `batch` sequences, each a prompt of `prompt`
+  tokens (one prefill) then `generate` tokens (one decode step each); the
+  cache holds prompt + generate positions."""
+
+  batch: int = 8
+  prompt: int = 1024
+  generate: int = 256
+  kv_dtype: str = "bf16"
+  attention: str = "flash"  # the prefill's kernel
+
+  def __post_init__(self):
+    for field in ("batch", "prompt", "generate"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{field}={value!r} must be a positive integer")
+    for field, valid in (("kv_dtype", KV_DTYPES), ("attention", ATTENTIONS)):
+      if getattr(self, field) not in valid:
+        raise ValueError(f"{field}={getattr(self, field)!r}; valid: "
+                         f"{', '.join(valid)}")
+
+  @property
+  def length(self) -> int:
+    """The cache's positions per sequence."""
+    return self.prompt + self.generate

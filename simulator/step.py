@@ -117,7 +117,7 @@ def _in_memory(tree: Tree, kind: str) -> Tree:
       x, jax.typeof(x).sharding.update(memory_kind=kind)), tree)
 
 
-def _check_divisible(path: str, shape, spec: P, mesh) -> None:
+def check_divisible(path: str, shape, spec: P, mesh) -> None:
   for dim, axis in zip(shape, spec):
     if axis is not None and dim % mesh.shape[axis]:
       raise PlanError(
@@ -167,7 +167,7 @@ def lay_out_params(leaves: Tree, names: Tree, rules: AxisRules,
 
   def one(path, leaf, logical):
     spec = rules.spec("params", logical)
-    _check_divisible("params/" + jax.tree_util.keystr(path, simple=True,
+    check_divisible("params/" + jax.tree_util.keystr(path, simple=True,
                                                       separator="/"),
                      leaf.shape, spec, mesh)
     return _sds(leaf.shape, leaf.dtype, mesh, spec)
@@ -184,12 +184,18 @@ def step_rules(cfg: ModelConfig, settings: TrainSettings, mesh,
   shard = settings.shard
   if cfg.moe and settings.expert_axis == "x":
     base_rules = expert_rules(base_rules, "X")
-  tables = (rules_for(shard == "zero3", base_rules),
-            rules_for(shard != "dp", base_rules),
-            rules_for(shard in ("zero2", "zero3"), base_rules))
+  return tuple(mesh_rules(cfg, rules_for(fsdp, base_rules), mesh)
+               for fsdp in (shard == "zero3", shard != "dp",
+                            shard in ("zero2", "zero3")))
+
+
+def mesh_rules(cfg: ModelConfig, rules: AxisRules, mesh) -> AxisRules:
+  """`rules` with the kv heads replicated where Y does not divide them
+  (`kv_heads_replicated`); PlanError where Y divides neither the kv heads
+  nor the query heads per kv head."""
   y = mesh.shape["Y"]
   if not kv_heads_replicated(cfg, y):
-    return tables
+    return rules
   groups = cfg.n_heads // cfg.n_kv_heads
   if groups % y:
     choices = (f"{cfg.n_kv_heads}" if groups == cfg.n_kv_heads else
@@ -198,7 +204,7 @@ def step_rules(cfg: ModelConfig, settings: TrainSettings, mesh,
     raise PlanError(
         f"Y={y} divides neither the {cfg.n_kv_heads} kv heads nor the "
         f"{groups} query heads per kv head; choose Y dividing {choices}")
-  return tuple(map(_replicate_kv_heads, tables))
+  return _replicate_kv_heads(rules)
 
 
 def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
@@ -224,9 +230,9 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   shapes = batch_shapes(cfg, settings, rules)
   accum = settings.grad_accum
   for key, (shape, _, spec) in shapes.items():
-    _check_divisible(f"batch {key} {shape}", shape, spec, mesh)
+    check_divisible(f"batch {key} {shape}", shape, spec, mesh)
     micro_shape = (shape[0] // accum, *shape[1:])
-    _check_divisible(f"micro-batch {key} {micro_shape} (grad_accum={accum})",
+    check_divisible(f"micro-batch {key} {micro_shape} (grad_accum={accum})",
                      micro_shape, spec, mesh)
 
   leaves, names = abstract_params(model)

@@ -193,3 +193,40 @@ def test_the_output_projection_gradient_is_deferred(x, y):
                          + points.linear[i]))
   assert any(scopes.LOSS in b.scopes and b.dtype == "float32"
              and len(b.shape) == 3 for b in live)
+
+
+def test_a_scanned_stack_returned_into_a_donated_buffer_is_its_own():
+  """The stacked-outputs-not-donated rule: a loop's stacked output keeps a
+  buffer of its own though the step returns it into a donated argument (a
+  KV cache scanned over layers); a plain donated output is written in
+  place."""
+  def step(cache_LxN, x_N):
+    def body(carry, row_N):
+      return carry + 1.0, row_N + carry
+    _, new_LxN = jax.lax.scan(body, x_N, cache_LxN)
+    return new_LxN, x_N * 2.0
+
+  stack = jax.ShapeDtypeStruct((8, 1024), jnp.float32)
+  row = jax.ShapeDtypeStruct((1024,), jnp.float32)
+  j = jax.make_jaxpr(step)(stack, row).jaxpr
+  kept = xla_rules.donated_in_place(j, j.outvars)
+  assert kept == [j.outvars[1]]
+  peak, _ = liveness.simulate(j, 2).peak_at(1, 1)
+  assert peak >= 8 * 1024 * 4  # the new stack, beside the donated one
+
+
+def test_dead_equations_are_no_buffers():
+  """The dead-code rule: an equation nothing live reads (as Flax's lifted
+  scan leaves the flash masks behind when serving) makes no buffer and no
+  transient work, as jit's dead-code pass removes it."""
+  def f(x_N):
+    unused_NxN = jax.jit(lambda: jnp.arange(1024)[:, None]
+                         >= jnp.arange(1024)[None, :])()
+    del unused_NxN
+    return x_N * 2.0
+
+  j = jax.make_jaxpr(f)(jax.ShapeDtypeStruct((1024,), jnp.float32)).jaxpr
+  dead = xla_rules.dead_equations(j)
+  assert [e.primitive.name for e in j.eqns if id(e) in dead] == ["jit"]
+  peak, _ = liveness.simulate(j, 0).peak_at(1, 1)
+  assert peak == 1024 * 4  # the output alone, not the 1 MiB mask

@@ -9,7 +9,8 @@ written in place into the stacked buffers, its carry is one buffer (the
 initial value's, when that dies at the loop), and its body's own values are
 transient within one iteration; a jit, checkpoint, custom_vjp or shard_map
 body's values are transient within the call. The updated params and
-optimizer state are written into their donated argument buffers. Where XLA
+optimizer state (a serving step's KV cache) are written into their
+donated argument buffers, unless a loop stacks them. Where XLA
 holds a value differently, a rule of simulator.memory.xla_rules says so.
 
 The transient peak is the largest live set over program points, as XLA's
@@ -111,6 +112,7 @@ class _Plan:
   reuses: dict
   stacks: dict
   reads: dict  # equation index -> the buffers its fusion reads
+  dead: set  # ids of the equations the dead-code rule removes
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
@@ -140,11 +142,14 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   chained = xla_rules.matmul_fusion_chain(eqns, readers, outs)
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
+  dead = xla_rules.dead_equations(jaxpr)
+  no_buffer = accumulated | {v for e in eqns if id(e) in dead
+                             for v in e.outvars}
   size: dict = {}
   for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
     eqn = eqns[i]
     for v in eqn.outvars:
-      if v in accumulated:
+      if v in no_buffer:
         size[v] = (0, 0)
         continue
       fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or (
@@ -205,7 +210,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   for v, i in last.items():
     if v in size and v not in taken and size[v] != (0, 0):
       frees.setdefault(i, []).append(v)
-  return _Plan(jaxpr, size, frees, reuses, stacks, reads)
+  return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead)
 
 
 class _Simulation:
@@ -273,8 +278,8 @@ class _Simulation:
         if v not in plan.reuses:
           at = _add(at, plan.size[v])
       inner = []
-      for k, (sub, sub_local, in_place) in enumerate(
-          xla_rules.calls(eqn, local)):
+      calls = [] if id(eqn) in plan.dead else xla_rules.calls(eqn, local)
+      for k, (sub, sub_local, in_place) in enumerate(calls):
         inner += [(f, l, w, (k, *path)) for f, l, w, path in
                   self.transient(sub, sub_local, in_place)]
       where = _where(eqn)
@@ -409,7 +414,8 @@ def simulate(jaxpr, donated_outputs: int) -> Points:
   outputs are written into donated argument buffers."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   sim = _Simulation()
-  in_place = tuple(jaxpr.outvars[:donated_outputs])
+  in_place = tuple(xla_rules.donated_in_place(
+      jaxpr, jaxpr.outvars[:donated_outputs]))
   points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
   names = [_part(p[2]) for p in points]
   parts = tuple(dict.fromkeys(names))

@@ -1,0 +1,100 @@
+"""Serving with a KV cache: memory and time of prefill and decode per device.
+
+  python -m experiments.inference_report --model=llama2_7b --topology=v5p-8 \
+      --mesh=4x1 --batch=16 --prompt=1024 --generate=256 [--kv_dtype=int8] \
+      [--attention=flash] [--compile] [--format=json]
+
+Both steps are the training code's Decoder run with a KV cache
+(simulator.serve_step), traced under the abstract mesh: weights and the
+cache per device, each step's peak from the live-range model
+(simulator.memory.liveness), decode and prefill times from a roofline,
+throughput at the batch, the verdict (simulator.inference). --compile also
+compiles both steps for --topology and prints XLA's peaks beside them.
+Text in GiB (2**30 bytes); JSON: simulator.inference.to_json, and with
+--compile `compiled` (memory_analysis per step) and `compare`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import flags
+
+from experiments import cli
+from meshes.hardware import GiB
+from simulator import inference, settings as S
+from simulator.step import kv_heads_note
+
+FLAGS = flags.FLAGS
+cli.define_model_flags()
+_D = S.ServeSettings()
+flags.DEFINE_integer("batch", _D.batch, "sequences served at once (global)")
+flags.DEFINE_integer("prompt", _D.prompt, "prompt tokens per sequence")
+flags.DEFINE_integer("generate", _D.generate, "tokens generated per sequence")
+flags.DEFINE_enum("kv_dtype", _D.kv_dtype, list(S.KV_DTYPES),
+                  "KV cache dtype (int8: a bf16 scale per token per kv head)")
+flags.DEFINE_enum("attention", _D.attention, list(S.ATTENTIONS),
+                  "the prefill's attention kernel")
+flags.DEFINE_bool("compile", False, "compile both steps for --topology and "
+                  "compare XLA's peaks")
+
+
+def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
+           ) -> str:
+  s, hbm = e.serve, e.hbm_bytes
+  g = lambda n: f"{n / GiB:.3f} GiB"
+  lines = [f"{e.model}: batch {s.batch}, prompt {s.prompt} + generate "
+           f"{s.generate} = {s.length} cache positions, kv {s.kv_dtype}, "
+           f"prefill attention {s.attention}", e.plan.describe()]
+  if e.kv_heads_replicated:
+    lines.append(kv_heads_note(cfg, e.plan.Y))
+  lines += ["", f"weights (bf16)      {g(e.weights_bytes)} per device",
+            f"KV cache (full)     {g(e.kv_cache_bytes)} per device", ""]
+  for name, p in e.phases.items():
+    lines.append(f"{name:<8} peak {g(p.peak_bytes)} ({100 * p.peak_bytes / hbm:.1f}% "
+                 f"HBM) at {p.peak_where}")
+    lines.append(f"         {p.flops / 1e12:.3f} TFLOP, {g(p.hbm_bytes)} "
+                 f"read: T_math {1e3 * p.t_math:.3f} ms, T_hbm "
+                 f"{1e3 * p.t_hbm:.3f} ms -> {1e3 * p.seconds:.3f} ms "
+                 f"({p.bound}-bound)")
+    if comparison and name in comparison:
+      c = comparison[name]
+      lines.append(f"         XLA's peak {g(c['xla_peak_bytes'])}: error "
+                   f"{100 * c['peak_error']:+.2f}%")
+  verdict = "fits" if e.fits else "does NOT fit"
+  lines += ["", f"decode: {e.decode_tokens_per_s:,.0f} tokens/s at batch "
+            f"{s.batch}; end to end {e.tokens_per_s:,.0f} generated tokens/s"
+            f" ({e.total_seconds:.3f} s for prefill + {s.generate} steps)",
+            f"HBM per chip {hbm / GiB:.2f} GiB: {verdict} (peak "
+            f"{g(e.peak_bytes)}, {g(e.planned_bytes)} with the "
+            f"{inference.OVERHEAD_FRACTION:.0%} planning overhead)"]
+  return "\n".join(lines)
+
+
+def _stderr(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def main(argv) -> None:
+  del argv
+  cfg, plan = cli.model_and_plan()
+  serve = S.ServeSettings(FLAGS.batch, FLAGS.prompt, FLAGS.generate,
+                          FLAGS.kv_dtype, FLAGS.attention)
+  estimate = inference.inference_report(cfg, serve, plan)
+  compiled = comparison = None
+  if FLAGS.compile:
+    compiled = inference.compile_serve(cfg, serve, plan.topology.name, plan.X,
+                                       plan.Y, progress=_stderr)
+    comparison = inference.compare(estimate, compiled)
+  if FLAGS.format == "json":
+    out = inference.to_json(estimate)
+    if compiled:
+      out |= {"compiled": compiled, "compare": comparison}
+    print(json.dumps(out, indent=1))
+  else:
+    print(render(estimate, cfg, comparison))
+
+
+if __name__ == "__main__":
+  cli.run(main)

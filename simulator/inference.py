@@ -1,0 +1,226 @@
+"""Serving with a KV cache: per-device memory and time of the prefill and
+decode steps, read off their traced programs (simulator.serve_step).
+
+Memory per device (bytes):
+  weights   the params' per-device bytes (bf16; replicated over X, TP over Y);
+  kv_cache  the cache at full length, from its sharded ShapeDtypeStructs:
+            2·L·(B/X)·T·(K/Y)·H·itemsize, plus int8's scales 2·L·(B/X)·T·(K/Y)·2
+            (K/Y is K where Y does not divide the kv heads: replicated);
+  peak      per step, what XLA's peak_memory_in_bytes is: the arguments
+            (weights, cache, tokens, in their TPU tiled layouts) live
+            throughout plus the largest transient live set of the heap
+            simulation the training path uses (simulator.memory.liveness), the
+            cache written in place into its donated buffer;
+  fits      the larger peak plus the planning overhead
+            (simulator.memory.OVERHEAD_FRACTION) within the chip's HBM.
+
+Time per device, a roofline (the TPU Scaling Book's inference chapter): a
+decode step reads every weight and the whole fixed-size cache once (the
+dense masked attention of models.decode reads all T positions, written or
+not), so
+
+  decode step = max(FLOPs / C, (weight bytes + KV cache bytes) / W_hbm)
+  prefill     = max(FLOPs / C, (weight bytes + KV cache bytes) / W_hbm)
+
+with FLOPs the traced program's matmuls per device (simulator.program), C
+the chip's bf16 FLOP/s and W_hbm its HBM bandwidth (meshes.hardware); the
+prefill writes the cache once. Throughput: batch / decode step while
+generating, and batch·generate / (prefill + generate·decode step) end to
+end. Collectives (Y's all-reduces per layer) are not timed here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from meshes.layout import MeshPlan, abstract_mesh
+from models.config import ModelConfig
+from simulator import compiled as compiled_lib
+from simulator.memory import OVERHEAD_FRACTION, liveness, tpu_tiled_bytes
+from simulator.memory.estimate import Contributor
+from simulator.program import read_program
+from simulator.serve_step import PHASES, ServeStep, build_serve_steps
+from simulator.settings import ServeSettings
+from simulator.step import device_bytes, device_shape, kv_heads_replicated
+
+PEAK_BUFFERS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseEstimate:
+  """One serving step on one device."""
+
+  phase: str
+  arguments_bytes: int  # weights + cache + tokens, tile padding included
+  peak_bytes: int  # arguments + the largest transient live set: XLA's peak
+  peak_where: str
+  peak_buffers: tuple[Contributor, ...]  # the largest transients there
+  flops: int  # matmul FLOPs per device
+  hbm_bytes: int  # the roofline's bytes: weights + KV cache
+  t_math: float
+  t_hbm: float
+
+  @property
+  def seconds(self) -> float:
+    return max(self.t_math, self.t_hbm)
+
+  @property
+  def bound(self) -> str:
+    return "memory" if self.t_hbm >= self.t_math else "compute"
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceEstimate:
+  model: str
+  serve: ServeSettings
+  plan: MeshPlan
+  weights_bytes: int  # per device
+  kv_cache_bytes: int  # per device, full length, untiled
+  kv_heads_replicated: bool
+  phases: dict[str, PhaseEstimate]
+  hbm_bytes: int  # the chip's
+
+  @property
+  def peak_bytes(self) -> int:
+    """The larger step peak (XLA's terms, no overhead)."""
+    return max(p.peak_bytes for p in self.phases.values())
+
+  @property
+  def planned_bytes(self) -> int:
+    return int(self.peak_bytes * (1 + OVERHEAD_FRACTION))
+
+  @property
+  def fits(self) -> bool:
+    return self.planned_bytes <= self.hbm_bytes
+
+  @property
+  def decode_tokens_per_s(self) -> float:
+    return self.serve.batch / self.phases["decode"].seconds
+
+  @property
+  def total_seconds(self) -> float:
+    return (self.phases["prefill"].seconds
+            + self.serve.generate * self.phases["decode"].seconds)
+
+  @property
+  def tokens_per_s(self) -> float:
+    """Generated tokens per second end to end, prefill included."""
+    return self.serve.batch * self.serve.generate / self.total_seconds
+
+
+def argument_bytes(step: ServeStep, tiled: bool) -> int:
+  """Per-device bytes of the step's arguments, in the TPU tiled layout when
+  `tiled` (simulator.memory.tiling)."""
+  leaves = jax.tree.leaves(step.args)
+  if not tiled:
+    return sum(map(device_bytes, leaves))
+  return sum(tpu_tiled_bytes(device_shape(x), x.dtype) for x in leaves)
+
+
+def trace_phase(step: ServeStep, mesh) -> jax.core.ClosedJaxpr:
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.make_jaxpr(step.fn)(*step.args)
+
+
+def _phase(step: ServeStep, jaxpr, plan: MeshPlan, weights: int,
+           cache: int) -> PhaseEstimate:
+  chip = plan.topology.chip
+  args = argument_bytes(step, chip.kind == "tpu")
+  points = liveness.simulate(jaxpr, step.donated_outputs)
+  transient, index = points.peak_at(1, 1)
+  live = sorted(points.live(index) if index >= 0 else (),
+                key=lambda b: -sum(b.bytes))
+  buffers = tuple(Contributor(b.where, b.shape, b.dtype, sum(b.bytes))
+                  for b in live[:PEAK_BUFFERS])
+  data = 1 if step.pos is None else 2  # tokens (and pos)
+  dots = read_program(jaxpr, data).dots
+  flops = sum(d.flops_per_device * d.count for d in dots)
+  hbm = weights + cache
+  return PhaseEstimate(
+      step.phase, args, args + max(transient, 0),
+      points.where[index] if index >= 0 else "nothing transient", buffers,
+      flops, hbm, flops / chip.bf16_flops, hbm / chip.hbm_bandwidth)
+
+
+def inference_report(cfg: ModelConfig, serve: ServeSettings,
+                     plan: MeshPlan) -> InferenceEstimate:
+  """Trace prefill and decode under `plan`'s abstract mesh and estimate."""
+  mesh = abstract_mesh(plan)
+  steps = build_serve_steps(cfg, serve, mesh)
+  first = steps["prefill"]
+  weights = sum(map(device_bytes, jax.tree.leaves(first.params)))
+  cache = sum(map(device_bytes, jax.tree.leaves(first.cache)))
+  phases = {phase: _phase(steps[phase], trace_phase(steps[phase], mesh), plan,
+                          weights, cache) for phase in PHASES}
+  return InferenceEstimate(cfg.name, serve, plan, weights, cache,
+                           kv_heads_replicated(cfg, plan.Y), phases,
+                           plan.topology.chip.hbm_bytes)
+
+
+def compile_serve(cfg: ModelConfig, serve: ServeSettings, target: str, X: int,
+                  Y: int, progress=None) -> dict[str, dict[str, Any]]:
+  """Each serving step compiled for `target` (simulator.compiled), the
+  cache donated: memory_analysis's figures and the buffers at XLA's peak."""
+  mesh = compiled_lib.make_mesh(target, X, Y)
+  out = {}
+  for phase, step in build_serve_steps(cfg, serve, mesh).items():
+    label = f"[{cfg.name} {phase} {target} {X}x{Y}] "
+    c = compiled_lib.compile_fn(step, step.fn, step.args, (1,), mesh,
+                                progress, label)
+    fig = compiled_lib.memory_figures(c, target)
+    out[phase] = {**dataclasses.asdict(fig), "compile_seconds": c.seconds,
+                  "layout_argument_bytes":
+                      compiled_lib.layout_argument_bytes(c),
+                  "peak_buffers": [dataclasses.asdict(b) for b in
+                                   c.xla_peak.buffers[:PEAK_BUFFERS]]
+                  if c.xla_peak else []}
+  return out
+
+
+def compare(estimate: InferenceEstimate,
+            compiled: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  """Symbolic vs XLA per step: peak and arguments, relative error
+  (symbolic - XLA) / XLA."""
+  rel = lambda s, x: (s - x) / x if x else None
+  out = {}
+  for phase, comp in compiled.items():
+    p = estimate.phases[phase]
+    out[phase] = {"symbolic_peak_bytes": p.peak_bytes,
+                  "xla_peak_bytes": comp["peak_bytes"],
+                  "peak_error": rel(p.peak_bytes, comp["peak_bytes"]),
+                  "symbolic_argument_bytes": p.arguments_bytes,
+                  "xla_argument_bytes": comp["argument_bytes"],
+                  "argument_error": rel(p.arguments_bytes,
+                                        comp["argument_bytes"])}
+  return out
+
+
+def _buffers(xs) -> list[dict]:
+  return [{"name": x.name, "shape": list(x.shape), "dtype": x.dtype,
+           "bytes": int(x.bytes)} for x in xs]
+
+
+def to_json(e: InferenceEstimate) -> dict[str, Any]:
+  """Bytes are ints per device, times in seconds."""
+  return {
+      "model": e.model, "mesh": [e.plan.X, e.plan.Y],
+      "topology": e.plan.topology.describe(),
+      "serve": dataclasses.asdict(e.serve),
+      "weights_bytes": e.weights_bytes, "kv_cache_bytes": e.kv_cache_bytes,
+      "kv_heads_replicated": e.kv_heads_replicated,
+      "peak_bytes": e.peak_bytes, "planned_bytes": e.planned_bytes,
+      "overhead_fraction": OVERHEAD_FRACTION, "hbm_bytes": e.hbm_bytes,
+      "fits": e.fits,
+      "phases": {name: {"arguments_bytes": p.arguments_bytes,
+                        "peak_bytes": p.peak_bytes, "peak_where": p.peak_where,
+                        "peak_buffers": _buffers(p.peak_buffers),
+                        "flops": p.flops, "hbm_bytes": p.hbm_bytes,
+                        "t_math_s": p.t_math, "t_hbm_s": p.t_hbm,
+                        "seconds": p.seconds, "bound": p.bound}
+                 for name, p in e.phases.items()},
+      "decode_tokens_per_s": e.decode_tokens_per_s,
+      "total_seconds": e.total_seconds, "tokens_per_s": e.tokens_per_s,
+  }

@@ -1,0 +1,111 @@
+"""simulator.inference: KV cache bytes per device, the steps' peaks from the
+live-range model, and the decode roofline, on llama2_7b / llama3_8b traced
+under abstract meshes (no compile)."""
+
+import functools
+
+import pytest
+
+from meshes.layout import plan_mesh
+from meshes.topology import parse_topology
+from models.params import num_params
+from models.registry import load_model
+from simulator import formulas, inference
+from simulator.settings import ServeSettings
+
+
+@functools.lru_cache(maxsize=None)
+def _report(model, mesh, batch=16, prompt=1024, generate=256, kv="bf16"):
+  x, y = mesh
+  plan = plan_mesh(parse_topology("v5p-8"), x, y)
+  return inference.inference_report(load_model(model), ServeSettings(
+      batch, prompt, generate, kv), plan)
+
+
+@pytest.mark.parametrize("mesh", [(4, 1), (1, 4), (2, 2)])
+def test_cache_bytes_per_device_exact(mesh):
+  """2·L·(B/X)·T·(K/Y)·Hd·2 bytes, T = prompt + generate."""
+  x, y = mesh
+  e = _report("llama2_7b", mesh)
+  assert e.kv_cache_bytes == 2 * 32 * (16 // x) * 1280 * (32 // y) * 128 * 2
+  assert e.kv_cache_bytes == formulas.kv_cache_bytes(16 // x, 1280, 32,
+                                                     32 // y, 128)
+
+
+def test_int8_cache_adds_its_scales():
+  e = _report("llama2_7b", (4, 1), kv="int8")
+  assert e.kv_cache_bytes == 2 * 32 * 4 * 1280 * 32 * (128 * 1 + 2)
+
+
+def test_seed002_kv_formula_agrees_for_mha_and_overstates_gqa():
+  """Seed 002's 2·B·S·L·H/T·bytes uses the hidden size H: right for an MHA
+  model (llama2_7b: 32 kv heads × 128 = 4096), n_heads/n_kv_heads = 4
+  times too much for llama3_8b's 8 kv heads."""
+  mha = _report("llama2_7b", (2, 2))
+  assert mha.kv_cache_bytes == formulas.kv_cache_bytes_seed002(
+      8, 1280, 32, 4096, tp=2)
+  gqa = _report("llama3_8b", (2, 2))
+  seed = formulas.kv_cache_bytes_seed002(8, 1280, 32, 4096, tp=2)
+  assert seed == 4 * gqa.kv_cache_bytes
+
+
+def test_weights_per_device_are_bf16_replicated_over_x():
+  n = num_params(load_model("llama2_7b"))
+  assert _report("llama2_7b", (4, 1)).weights_bytes == 2 * n
+  assert _report("llama2_7b", (1, 4)).weights_bytes < 2 * n // 4 * 1.01
+
+
+def test_decode_roofline_reads_weights_and_the_whole_cache():
+  e = _report("llama2_7b", (4, 1))
+  d = e.phases["decode"]
+  chip = e.plan.topology.chip
+  assert d.hbm_bytes == e.weights_bytes + e.kv_cache_bytes
+  assert d.t_hbm == pytest.approx(d.hbm_bytes / chip.hbm_bandwidth)
+  assert d.bound == "memory" and d.seconds == d.t_hbm
+  # matmul FLOPs per device: 2 per weight (not the embedding lookup, not
+  # the norms) per token, plus q·k and p·v over all 1280 positions
+  c, tokens = load_model("llama2_7b"), 16 // 4
+  matmul_params = (num_params(c) - c.vocab_size * c.d_model
+                   - (2 * c.n_layers + 1) * c.d_model)
+  attention = 2 * 2 * tokens * 1280 * c.n_heads * c.head_dim * c.n_layers
+  assert d.flops == 2 * tokens * matmul_params + attention
+  assert e.decode_tokens_per_s == pytest.approx(16 / d.seconds)
+
+
+def test_prefill_is_compute_bound_at_a_long_prompt():
+  p = _report("llama2_7b", (4, 1)).phases["prefill"]
+  assert p.bound == "compute" and p.t_math > 10 * p.t_hbm
+
+
+def test_decode_peak_holds_the_scanned_cache_stacks():
+  """The stacked-outputs-not-donated rule: the cache comes out of the layer
+  scan as stacks of its own beside the donated arguments, as XLA holds it."""
+  e = _report("llama2_7b", (4, 1))
+  d = e.phases["decode"]
+  assert d.peak_bytes - d.arguments_bytes >= e.kv_cache_bytes
+  assert d.peak_bytes - d.arguments_bytes < 1.1 * e.kv_cache_bytes
+
+
+def test_kept_compiles_within_the_memory_targets():
+  """experiments/data/inference_compiled.jsonl: both steps of seven plans
+  compiled for v5p-8 through libtpu (experiments.inference_report
+  --compile); today's symbolic peaks against XLA's: median |error| <= 3%,
+  worst <= 8%, no under-estimate below -5%."""
+  import json
+  import os
+  import statistics
+  path = os.path.join(os.path.dirname(__file__), "..", "experiments", "data",
+                      "inference_compiled.jsonl")
+  errors = []
+  with open(path) as f:
+    for line in f:
+      row = json.loads(line)
+      plan = plan_mesh(parse_topology(row["topology"]), *row["mesh"])
+      e = inference.inference_report(load_model(row["model"]),
+                                     ServeSettings(**row["serve"]), plan)
+      for phase, c in inference.compare(e, row["compiled"]).items():
+        assert c["argument_error"] == 0, (row, phase)
+        errors.append(c["peak_error"])
+  assert len(errors) == 14
+  assert statistics.median(map(abs, errors)) <= 0.03
+  assert max(map(abs, errors)) <= 0.08 and min(errors) >= -0.05

@@ -1,0 +1,56 @@
+"""experiments.inference_report: JSON, text, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMON = dict(model="tiny", topology="v5p-8", mesh="2x2", batch=4, prompt=16,
+              generate=8, attention="materialized")
+
+
+def _run(*args, **flags):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  flags = [f"--{k}={v}" for k, v in {**COMMON, **flags}.items()]
+  return subprocess.run([sys.executable, "-m", "experiments.inference_report",
+                         *flags, *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_json_and_text():
+  out = _run(kv_dtype="int8", format="json")
+  assert out.returncode == 0, out.stderr
+  data = json.loads(out.stdout)
+  # tiny: 2 layers, 2 kv heads of 16; per device 2 sequences, 1 kv head
+  assert data["kv_cache_bytes"] == 2 * 2 * 2 * 24 * 1 * (16 + 2)
+  assert set(data["phases"]) == {"prefill", "decode"}
+  for phase in data["phases"].values():
+    assert type(phase["peak_bytes"]) is int
+    assert phase["peak_bytes"] >= phase["arguments_bytes"]
+  assert data["fits"] is True and data["tokens_per_s"] > 0
+  text = _run()
+  assert text.returncode == 0, text.stderr
+  assert "KV cache (full)" in text.stdout and "tokens/s" in text.stdout
+
+
+@pytest.mark.parametrize("flags,message", [
+    (dict(kv_dtype="fp8"), "error: flag --kv_dtype=fp8: value should be one "
+     "of"),
+    (dict(batch=6, mesh="4x1"), "error: kv cache k (2, 6, 24, 2, 16): "
+     "dimension 6 is sharded over X=4, which does not divide it"),
+    (dict(prompt=0), "error: prompt=0 must be a positive integer"),
+])
+def test_bad_values_are_one_line_errors(flags, message):
+  out = _run(**flags)
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines()[-1].startswith(message), out.stderr
+  assert "Traceback" not in out.stderr
+
+
+def test_learned_positions_bound_the_cache():
+  out = _run(model="gpt2", mesh="4x1", prompt=1000, generate=100)
+  assert out.returncode == 2 and "Traceback" not in out.stderr
+  assert out.stderr.strip().endswith("choose prompt + generate <= 1024")

@@ -1,0 +1,85 @@
+"""simulator.serve_step: the serving steps' layouts and traced programs at a
+mesh, and the plans they refuse."""
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from meshes.layout import abstract_mesh, plan_mesh
+from meshes.topology import parse_topology
+from models.registry import load_model
+from simulator.serve_step import build_serve_steps
+from simulator.settings import ServeSettings
+from simulator.step import PlanError
+
+
+def _mesh(topology, x, y):
+  return abstract_mesh(plan_mesh(parse_topology(topology), x, y))
+
+
+def test_cache_sharded_by_the_rules():
+  """Batch over X, kv heads over Y; int8 scales laid out the same way."""
+  steps = build_serve_steps(load_model("llama3_8b"), ServeSettings(
+      batch=8, prompt=512, generate=128, kv_dtype="int8"), _mesh("v5p-16", 2, 4))
+  cache = steps["decode"].cache
+  assert cache.k.shape == (32, 8, 640, 8, 128)
+  assert cache.k.sharding.spec == P(None, "X", None, "Y", None)
+  assert cache.k_scale.shape == (32, 8, 640, 8)
+  assert cache.k_scale.sharding.spec == P(None, "X", None, "Y")
+  assert cache.k.sharding.shard_shape(cache.k.shape) == (32, 4, 640, 2, 128)
+
+
+def test_cache_kv_heads_replicated_where_y_does_not_divide_them():
+  """gemma-2b's one kv head under Y=4: every Y shard keeps it (and its
+  cache), as the training layout does; the query heads stay split."""
+  steps = build_serve_steps(load_model("models/configs/gemma-2b.json"),
+                            ServeSettings(batch=4, prompt=64, generate=64),
+                            _mesh("v5p-8", 1, 4))
+  step = steps["decode"]
+  assert step.cache.v.shape == (18, 4, 128, 1, 256)
+  assert step.cache.v.sharding.spec == P(None, "X", None, None, None)
+  assert step.params["blocks"]["attn"]["q"]["kernel"].sharding.spec == P(
+      None, None, "Y", None)
+
+
+def test_decode_step_traced_at_a_mesh():
+  """One token per sequence in, [B, V] logits and the cache out, laid out
+  like the cache that went in."""
+  mesh = _mesh("v5p-8", 2, 2)
+  steps = build_serve_steps(load_model("tiny"), ServeSettings(
+      batch=4, prompt=16, generate=8, attention="materialized"), mesh)
+  step = steps["decode"]
+  assert step.tokens.shape == (4, 1) and step.pos.shape == ()
+  with jax.sharding.use_abstract_mesh(mesh):
+    jaxpr = jax.make_jaxpr(step.fn)(*step.args)
+  outs = [v.aval for v in jaxpr.jaxpr.outvars]
+  assert [o.shape for o in outs] == [(2, 4, 24, 2, 16)] * 2 + [(4, 256)]
+  assert outs[0].sharding.spec == P(None, "X", None, "Y", None)
+  assert outs[2].sharding.spec == P("X", "Y")
+  prims = {e.primitive.name for e in jaxpr.jaxpr.eqns}
+  assert "scan" in prims  # the layer stack, the cache scanned with it
+  body = next(e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan")
+  inner = {e.primitive.name for e in body.params["jaxpr"].jaxpr.eqns}
+  assert "dynamic_update_slice" in inner
+
+
+def test_batch_not_divisible_by_x_is_a_plan_error():
+  with pytest.raises(PlanError, match="sharded over X=4, which does not "
+                     "divide it"):
+    build_serve_steps(load_model("tiny"), ServeSettings(batch=6, prompt=8,
+                                                        generate=8),
+                      _mesh("v5p-8", 4, 1))
+
+
+def test_learned_positions_bound_prompt_plus_generate():
+  with pytest.raises(ValueError, match="1000 \\+ 100 = 1100 exceeds gpt2's "
+                     "1024 learned positions"):
+    build_serve_steps(load_model("gpt2"), ServeSettings(batch=4, prompt=1000,
+                                                        generate=100),
+                      _mesh("v5p-8", 4, 1))
+
+
+def test_a_model_without_attention_has_no_cache():
+  with pytest.raises(ValueError, match="no KV cache"):
+    build_serve_steps(load_model("xxl_ffn"), ServeSettings(),
+                      _mesh("v5p-8", 4, 1))
