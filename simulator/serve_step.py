@@ -68,8 +68,12 @@ def serve_rules(cfg: ModelConfig, mesh,
 
 
 def check_serve(cfg: ModelConfig, serve: ServeSettings) -> None:
-  """Refuse what this model cannot serve: no attention, no embeddings, or
-  more positions than its learned position table has."""
+  """Refuse what this model cannot serve: no attention, no embeddings, an
+  encoder-decoder (the serving steps are a decoder's), or more positions
+  than its learned position table has."""
+  if cfg.encoder_decoder:
+    raise ValueError(f"model {cfg.name!r} is an encoder-decoder; serving "
+                     "with a KV cache is built for decoder-only models")
   if not (cfg.attention and cfg.embeddings):
     raise ValueError(f"model {cfg.name!r} has no attention or no token "
                      f"embeddings: there is no KV cache to serve it with")

@@ -83,3 +83,9 @@ def test_a_model_without_attention_has_no_cache():
   with pytest.raises(ValueError, match="no KV cache"):
     build_serve_steps(load_model("xxl_ffn"), ServeSettings(),
                       _mesh("v5p-8", 4, 1))
+
+
+def test_an_encoder_decoder_is_refused_in_one_line():
+  with pytest.raises(ValueError, match="'t5_3b' is an encoder-decoder"):
+    build_serve_steps(load_model("t5_3b"), ServeSettings(),
+                      _mesh("v5p-8", 4, 1))
