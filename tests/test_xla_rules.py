@@ -1,5 +1,7 @@
 """simulator.memory.xla_rules: each rule on a program made to show it."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -162,6 +164,23 @@ def test_a_backward_loop_copies_a_weight_argument_to_the_transposed_layout(
     backward = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"
                 and "transpose(" in str(e.source_info.name_stack)]
     assert [(f, l) for f, l, _ in matmul] == [(backward[0], backward[0])]
+
+
+@pytest.mark.parametrize("shape", [(6, 128, 256), (6, 128, 200)])
+def test_a_backward_loop_copies_a_cast_weight_argument_in_its_own_layout(
+    shape):
+  """A stored-f32 stack each slice of which is cast before its matmuls gets,
+  for the backward loop alone, a copy in its own dtype and layout (stored
+  transposed or not), beside the bf16 cast made once for both loops."""
+  ws = jax.ShapeDtypeStruct(shape, jnp.float32)
+  j = _two_loops(ws, cast=True).jaxpr
+  stacks, _ = xla_rules.hoisted_stacks(j, False)
+  copies = [v for k, v in stacks.items() if k[2] == "copy"]
+  backward = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"
+              and "transpose(" in str(e.source_info.name_stack)]
+  assert [(f, l, b) for f, l, b in copies] == [
+      (backward[0], backward[0], (math.prod(shape) * 4, 0))]
+  assert not [k for k in stacks if k[2] == "matmul"]
 
 
 @pytest.mark.parametrize("x,y", [(4, 1), (2, 2)])

@@ -313,8 +313,9 @@ class _Simulation:
       for v in values:
         if v in plan.stacks:  # (stacked weight, dtype, rule)
           stack, dtype, rule = v
-          what = (f"cast to {dtype}" if rule == "cast" else
-                  "copied to the transposed layout")
+          what = {"cast": f"cast to {dtype}",
+                  "matmul": "copied to the transposed layout",
+                  "copy": "copied (its own layout)"}[rule]
           out.append(LiveBuffer(
               f"{stack.aval.str_short()} {what} outside its loop",
               xla_rules.shape_of(stack.aval, local), str(dtype),

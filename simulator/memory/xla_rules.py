@@ -44,6 +44,15 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   llama2_7b v5p-32 8x2 zero1 bf16), unless the argument is
                   stored transposed already (its last dim not a multiple of
                   128: no [32,4096,2752] copy in llama2_7b v5p-16 2x4 dp);
+  copied cast     a backward loop whose matmuls read casts of slices of a
+  weights         stacked weight argument (parameters not sharded over X,
+                  stored f32: mixed precision) is given a copy of the whole
+                  stack in its own dtype and layout, made before the loop,
+                  beside the hoisted bf16 cast (copy.484-486
+                  f32[32,4096,2752]/[32,2752,4096] and copy.479-481
+                  f32[32,4096,8,128] with convert.144-146 at the peak of
+                  llama2_7b v5p-32 4x4 zero2 mixed, dots; the stacks stored
+                  transposed are copied too, in the layout they have);
   accumulated     a loop's stacked output read only by an add into a caller's
   loop outputs    buffer of its shape, the sum written back in place (the
                   gradient accumulation g_acc + g), is added into that buffer
@@ -282,29 +291,37 @@ def calls(eqn, local: bool) -> list[tuple[object, bool, list]]:
   return [(sub, inner_local, sub.outvars) for sub in subs]
 
 
-def _slice_readers(body, outer: dict, found: list) -> None:
+def _slice_readers(body, outer: dict, found: list,
+                   outer_cast: dict | None = None) -> None:
   """What reads a loop's per-iteration slices in `body` (and the calls it
   makes): ("cast", stacked operand, dtype, cast equation) for a cast of a
   slice, ("matmul", stacked operand, dtype, None) for a matmul reading a
-  slice directly (through views). `outer` maps a body input to the stacked
-  operand it slices."""
+  slice directly, ("copy", stacked operand, its dtype, None) for a matmul
+  reading a cast of a slice (through views). `outer` maps a body input to
+  the stacked operand it slices."""
   views: dict = dict(outer)
+  cast: dict = dict(outer_cast or {})  # a cast slice (or its view) -> stack
   for eqn in body.eqns:
     ins = [v for v in eqn.invars if isinstance(v, jcore.Var) and v in views]
+    casts = [v for v in eqn.invars if isinstance(v, jcore.Var) and v in cast]
     if is_view(eqn) and ins:
       views[eqn.outvars[0]] = views[ins[0]]
+    elif is_view(eqn) and casts:
+      cast[eqn.outvars[0]] = cast[casts[0]]
     elif eqn.primitive.name == "convert_element_type" and ins:
       found.append(("cast", views[ins[0]], eqn.params["new_dtype"], eqn))
+      cast[eqn.outvars[0]] = views[ins[0]]
     elif eqn.primitive.name == "dot_general":
       found += [("matmul", views[v], v.aval.dtype, None) for v in ins]
+      found += [("copy", cast[v], cast[v].aval.dtype, None) for v in casts]
     if eqn.primitive.name in ("scan", "while"):
       continue  # another loop's slices are its own
     for sub, _, _ in calls(eqn, False):
       if len(sub.invars) == len(eqn.invars):
-        _slice_readers(sub, {a: views[b] for a, b in
-                             zip(sub.invars, eqn.invars)
-                             if isinstance(b, jcore.Var) and b in views},
-                       found)
+        pairs = [(a, b) for a, b in zip(sub.invars, eqn.invars)
+                 if isinstance(b, jcore.Var)]
+        _slice_readers(sub, {a: views[b] for a, b in pairs if b in views},
+                       found, {a: cast[b] for a, b in pairs if b in cast})
 
 
 def _minor_last(shape: tuple[int, ...]) -> bool:
@@ -338,7 +355,8 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
     for rule, stack, dtype, cast in found:
       shape = shape_of(stack.aval, local)
       if carries_batch(shape) or (rule == "matmul" and not (
-          backward and stack in arguments and _minor_last(shape))):
+          backward and stack in arguments and _minor_last(shape))) or (
+              rule == "copy" and not (backward and stack in arguments)):
         continue  # activations; a forward matmul, a stack the program makes
         # (its layout is XLA's to choose), or one already stored transposed
       if cast is not None:
