@@ -222,10 +222,14 @@ class _Simulation:
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
 
-  def plan(self, jaxpr, local: bool, in_place_out) -> _Plan:
-    key = (id(jaxpr), local, tuple(map(id, in_place_out)))
+  def plan(self, jaxpr, local: bool, in_place_out,
+           deferred: bool = True) -> _Plan:
+    """`deferred`: weight gradients moved late (the deferred-weight-gradients
+    rule); else in the traced program's order."""
+    key = (id(jaxpr), local, tuple(map(id, in_place_out)), deferred)
     if key not in self.plans:
-      jaxpr = xla_rules.defer_weight_grads(jaxpr)
+      if deferred:
+        jaxpr = xla_rules.defer_weight_grads(jaxpr)
       stacks, hoisted = xla_rules.hoisted_stacks(jaxpr, local)
       self.hoisted |= hoisted
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
@@ -262,12 +266,12 @@ class _Simulation:
         values.remove(key)
 
   def transient(self, jaxpr, local: bool = False, in_place_out=(),
-                prune: bool = True) -> list[tuple]:
+                prune: bool = True, deferred: bool = True) -> list[tuple]:
     """Live bytes of the values `jaxpr` makes, at each of its points that
     can be its peak (every equation's, unless `prune`), not counting its
     inputs (the caller holds them) nor the outputs in `in_place_out`
     (written into the caller's buffers)."""
-    plan = self.plan(jaxpr, local, in_place_out)
+    plan = self.plan(jaxpr, local, in_place_out, deferred)
     if id(plan) in self.points:
       return self.points[id(plan)]
     points = []
@@ -293,9 +297,10 @@ class _Simulation:
     return result
 
   def live_at(self, jaxpr, path: tuple, local: bool = False, in_place_out=(),
-              backward: bool = False) -> list[LiveBuffer]:
+              backward: bool = False, deferred: bool = True
+              ) -> list[LiveBuffer]:
     """The buffers live at the point `path`."""
-    plan = self.plan(jaxpr, local, in_place_out)
+    plan = self.plan(jaxpr, local, in_place_out, deferred)
     target, rest = path[0], path[1:]
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
 
@@ -381,6 +386,7 @@ class Points:
   paths: tuple[tuple, ...]
   part: np.ndarray  # each point's index into `parts`
   parts: tuple[str, ...]  # the step's parts: top-level pass and scope
+  deferred: np.ndarray  # per point: the step's weight gradients deferred
   _sim: _Simulation = dataclasses.field(repr=False, compare=False)
   _jaxpr: object = dataclasses.field(repr=False, compare=False)
   _in_place: tuple = dataclasses.field(repr=False, compare=False)
@@ -405,26 +411,39 @@ class Points:
   def live(self, index: int) -> list[LiveBuffer]:
     """The buffers live at point `index` (walked once, then kept)."""
     if index not in self._live:
-      self._live[index] = self._sim.live_at(self._jaxpr, self.paths[index],
-                                            in_place_out=self._in_place)
+      self._live[index] = self._sim.live_at(
+          self._jaxpr, self.paths[index], in_place_out=self._in_place,
+          deferred=bool(self.deferred[index]))
     return self._live[index]
 
 
 def simulate(jaxpr, donated_outputs: int) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
-  outputs are written into donated argument buffers."""
+  outputs are written into donated argument buffers. The step's own weight
+  gradients (the output projection's) are simulated both deferred and in
+  the traced order, and the points of both kept, so the peak is the larger
+  of the two schedules XLA is seen to pick (xla_rules: deferred weight
+  gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   sim = _Simulation()
   in_place = tuple(xla_rules.donated_in_place(
       jaxpr, jaxpr.outvars[:donated_outputs]))
   points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
+  deferred = [True] * len(points)
+  if xla_rules.defer_weight_grads(jaxpr) is not jaxpr:
+    traced_order = [(f, l, f"{w} (weight gradients in traced order)", path)
+                    for f, l, w, path in sim.transient(
+                        jaxpr, in_place_out=in_place, prune=False,
+                        deferred=False)]
+    points += traced_order
+    deferred += [False] * len(traced_order)
   names = [_part(p[2]) for p in points]
   parts = tuple(dict.fromkeys(names))
   return Points(np.array([p[0] for p in points], dtype=np.int64),
                 np.array([p[1] for p in points], dtype=np.int64),
                 tuple(p[2] for p in points), tuple(p[3] for p in points),
                 np.array([parts.index(n) for n in names], dtype=np.int64),
-                parts, sim, jaxpr, in_place)
+                parts, np.array(deferred), sim, jaxpr, in_place)
 
 
 def _part(where: str) -> str:

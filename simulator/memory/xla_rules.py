@@ -75,7 +75,11 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   seq 2048 and 4096 with either attention, llama3_8b 16x1
                   b256 s4096, mistral 16x1 s4096); which one
                   its scheduler picks is not derived here, so the simulation
-                  takes the one that holds more;
+                  runs the step both ways (liveness.simulate: deferred, and
+                  in the traced order) and keeps the larger peak (the T5
+                  step t5-v1_1-small v5p-16 8x1, whose traced order holds
+                  more: -6.6% with the deferred order alone, -1.5% with
+                  both);
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
