@@ -29,6 +29,7 @@ _V5P = ("max_target_length=2048 attention=flash use_iota_embed=true "
         "global_parameter_scale={scale}")
 _V5E = ("max_target_length=2048 enable_flash_attention=true use_iota_embed=true"
         " decoder_block=default remat_policy=full per_device_batch_size={batch} "
+        "ici_fsdp_parallelism={fsdp} ici_tensor_parallelism={tensor} "
         "global_parameter_scale={scale}")
 
 
@@ -48,9 +49,10 @@ def _v5p(scale, topology, batch, tensor, remat, mfu, tflops):
                             remat=remat), mfu, tflops, True)
 
 
-def _v5e(scale, batch, mfu, tflops):
+def _v5e(scale, batch, tensor, mfu, tflops):
   return Anchor(f"{scale}B v5e-256", "v5e-256",
-                _V5E.format(scale=scale, batch=batch), mfu, tflops, False)
+                _V5E.format(scale=scale, batch=batch, tensor=tensor,
+                            fsdp=256 // tensor), mfu, tflops, False)
 
 
 # MaxText README (04262f3cf..e7829012d) and configs/v5p/README.md; batches,
@@ -64,10 +66,10 @@ ANCHORS = (
     _v5p(512, "v5p-1024", 2, 16, "full", 0.6399, 294),
     _v5p(1024, "v5p-2048", 2, 16, "full", 0.6405, 249),
     _v5p(1024, "v5p-4096", 2, 16, "full", 0.6480, 297),
-    _v5e(16, 6, 0.6110, 120),
-    _v5e(32, 4, 0.6686, 132),
-    _v5e(64, 2, 0.5990, 118),
-    _v5e(128, 1, 0.5606, 110),
+    _v5e(16, 6, 1, 0.6110, 120),
+    _v5e(32, 4, 1, 0.6686, 132),
+    _v5e(64, 2, 1, 0.5990, 118),
+    _v5e(128, 1, 16, 0.5606, 110),  # the script: ici_fsdp 16 x ici_tensor 16
 )
 
 
