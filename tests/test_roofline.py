@@ -154,3 +154,20 @@ def test_padded_matmuls_take_longer_but_are_not_more_model_flops():
   assert a.t_math > b.t_math
   assert R._model_flops(padded, s.tokens, True) == R._model_flops(
       plain, s.tokens, True)
+
+
+def test_mxu_dims_are_the_per_device_k_and_n():
+  """tiny on 2x2: the q projection bsd,dnh->bsnh contracts d = 64 (the
+  FSDP-gathered weight) into 4 heads / Y=2 of 16 = 32 columns per device;
+  the output projection contracts those 32 into d = 64."""
+  from meshes.layout import abstract_mesh
+  from simulator.program import read_traced
+  from simulator.trace import trace_probe
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  s = TrainSettings(batch=8, seq=128, remat="none")
+  p = read_traced(trace_probe(PRESETS["tiny"], s, abstract_mesh(plan),
+                              residuals=False))
+  dims = {d.source.split("/")[-2]: d.mxu_dims for d in p.dots
+          if d.phase == "forward" and "/attn/" in d.source
+          and d.source.split("/")[-2] in ("q", "o")}
+  assert dims == {"q": (64, 32), "o": (32, 64)}
