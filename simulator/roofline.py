@@ -30,6 +30,11 @@ at the fitted mesh's values. For the seed's XXL model, forward pass, ring="book"
 this is T*(Y) = F·C·X·M_Y / (M_X·(F·M_Y·W - C·Y)) with minimum 4C²N/(F·M_X·M_Y·W²)
 at Y = F·M_Y·W/(2C) (simulator.formulas, used only in tests).
 
+MXU tiles. A matmul's FLOPs are timed padded to whole MXU tiles of its
+per-device [K, N] operand (`mxu_padding`): padding costs time, never model
+FLOPs. The factor is the fitted mesh's; rescaling to other X, Y (thresholds,
+the continuous optimum) keeps it.
+
 Overlap and step time. A collective is overlappable when it is prefetchable (its
 operand is a weight: the FSDP gather can be issued a layer ahead) or deferrable
 (nothing on the layer's critical path waits for it: gradient reduce-scatters). TP
