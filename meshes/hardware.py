@@ -52,6 +52,7 @@ class Chip:
   torus_dims: int  # 3 for v4/v5p/TPU7x, 2 for v5e/v6e, 0 for GPUs (switched NVLink)
   cores_per_chip: int  # TensorCores per chip in Cloud names (v5p-128 = 64 chips)
   megacore: bool = False  # libtpu can fuse the chip's 2 TensorCores into one device
+  mxu_size: int = 0  # systolic array edge (TPU MXU); 0: no tile padding modelled
 
   @property
   def ici_bidirectional_bandwidth(self) -> float:
@@ -74,6 +75,7 @@ CHIPS: dict[str, Chip] = {
             torus_dims=3,
             cores_per_chip=2,  # [v4] v4-128 = 64 chips
             megacore=True,
+            mxu_size=128,  # [book] 128x128 MXUs
         ),
         Chip(
             name="v5e",
@@ -86,6 +88,7 @@ CHIPS: dict[str, Chip] = {
             ici_links_per_chip=4,  # [v5e] 4 ICI ports per chip, 2D torus
             torus_dims=2,
             cores_per_chip=1,  # [v5e] one TensorCore per chip
+            mxu_size=128,  # [book] 4 MXUs of 128x128 per TensorCore
         ),
         Chip(
             name="v5p",
@@ -99,6 +102,7 @@ CHIPS: dict[str, Chip] = {
             torus_dims=3,
             cores_per_chip=2,  # [v5p] "v5p-32 ... 32 TensorCores (16 chips)"
             megacore=True,
+            mxu_size=128,  # [book] 4 MXUs of 128x128 per TensorCore
         ),
         Chip(
             name="v6e",
@@ -111,6 +115,7 @@ CHIPS: dict[str, Chip] = {
             ici_links_per_chip=4,  # [v6e] 4 ICI ports per chip, 2D torus
             torus_dims=2,
             cores_per_chip=1,  # [v6e] one TensorCore per chip
+            mxu_size=256,  # [book] Trillium: 256x256 MXUs
         ),
         Chip(
             name="tpu7x",  # Ironwood; libtpu 0.0.52 knows "tpu7x:AxBxC"
@@ -123,6 +128,7 @@ CHIPS: dict[str, Chip] = {
             ici_links_per_chip=6,  # inferred: 3D torus of 4x4x4 cubes like v5p ([book] pod 4x4x576)
             torus_dims=3,
             cores_per_chip=2,  # [7x] two TensorCores, exposed as 2 devices (no megacore)
+            mxu_size=256,  # inferred: 256x256 like v6e
         ),
         Chip(
             name="a100-80gb",

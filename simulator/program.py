@@ -89,6 +89,11 @@ class Dot:
   y_exp: int
   dims: tuple[int, ...]  # output then contracting dims: FLOPs = 2·their product
   kind: str = "activation"  # simulator.batch_probe.matmul_kind
+  # (K, N) on one device: the contracting and the rhs's free dims' products,
+  # per dot_general batch instance: the [K, N] operand the MXU holds in
+  # tiles (TPU Scaling Book, "How to Think About TPUs": the MXU does
+  # bf16[8,128] @ bf16[128,128] every 8 cycles); () when not known.
+  mxu_dims: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,7 +455,8 @@ class _Walker:
     self.dots.append(Dot(flops_glob, flops_dev, ctx["mult"], source,
                          ctx["layer"], ctx["phase"], int("X" in split),
                          int("Y" in split),
-                         (*osh, *(ls[i] for i in lc)), matmul_kind(ls, rs, osh)))
+                         (*osh, *(ls[i] for i in lc)), matmul_kind(ls, rs, osh),
+                         (contract_local, math.prod(Rl[d] for d in rfree))))
     for side, var, shape, spec, d in (("l", lhs, ls, Ls, in_data[0]),
                                       ("r", rhs, rs, Rs, in_data[1])):
       cur = [list(x) for x in spec]
@@ -501,11 +507,15 @@ class _Walker:
     name = eqn.primitive.name
     if name == "dot_general":
       lhs, rhs = eqn.invars
-      (lc, _), _ = eqn.params["dimension_numbers"]
+      (lc, rc), (_, rb) = eqn.params["dimension_numbers"]
       dims = (*eqn.outvars[0].aval.shape, *(lhs.aval.shape[i] for i in lc))
       flops = 2 * math.prod(dims)
+      rfree = [d for d in range(len(rhs.aval.shape)) if d not in (*rc, *rb)]
       self.dots.append(Dot(flops * ctx["manual_mult"], flops, ctx["mult"],
-                           source, ctx["layer"], ctx["phase"], 1, 1, dims))
+                           source, ctx["layer"], ctx["phase"], 1, 1, dims,
+                           mxu_dims=(math.prod(lhs.aval.shape[i] for i in lc),
+                                     math.prod(rhs.aval.shape[d]
+                                               for d in rfree))))
       return
     kinds = {"psum": "all-reduce", "psum_invariant": "all-reduce",
              "all_gather": "all-gather", "all_gather_invariant": "all-gather",

@@ -30,6 +30,11 @@ at the fitted mesh's values. For the seed's XXL model, forward pass, ring="book"
 this is T*(Y) = F·C·X·M_Y / (M_X·(F·M_Y·W - C·Y)) with minimum 4C²N/(F·M_X·M_Y·W²)
 at Y = F·M_Y·W/(2C) (simulator.formulas, used only in tests).
 
+MXU tiles. A matmul's FLOPs are timed padded to whole MXU tiles of its
+per-device [K, N] operand (`mxu_padding`): padding costs time, never model
+FLOPs. The factor is the fitted mesh's; rescaling to other X, Y (thresholds,
+the continuous optimum) keeps it.
+
 Overlap and step time. A collective is overlappable when it is prefetchable (its
 operand is a weight: the FSDP gather can be issued a layer ahead) or deferrable
 (nothing on the layer's critical path waits for it: gradient reduce-scatters). TP
@@ -114,6 +119,7 @@ class Work:
   y_exp: int
   kind: str = "activation"  # program.Dot.kind
   useful: float = 1.0  # the share that is model FLOPs (MoE: `_useful`)
+  padding: float = 1.0  # MXU time over the FLOPs' time (`mxu_padding`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +182,27 @@ def _useful(source: str, expert_fraction: float) -> float:
   return expert_fraction if scopes.EXPERTS in names else 1.0
 
 
+def mxu_padding(mxu_dims: tuple[int, ...], tile: int) -> float:
+  """How much longer a matmul runs than its FLOPs at peak say, from padding
+  its per-device [K, N] operand to whole MXU tiles: the MXU multiplies
+  bf16[8, tile] @ bf16[tile, tile] (TPU Scaling Book, "How to Think About
+  TPUs": 128x128 on v4/v5e/v5p, 256x256 on v6e), so K and N run as multiples
+  of `tile` (a 4-head slice of head_dim 96, K = 384, runs as 384; N = 96
+  runs as 128: 4/3 the time). Dims that carry the batch (the tokens a
+  weight gradient contracts) are left out: at any real batch they are
+  thousands of tokens per device, padding them costs under a percent.
+  A dot with K or N of 1 (a row-wise dot product, e.g. the flash backward's
+  sum(dO·O)) never reaches the MXU: XLA's algebraic simplifier rewrites it
+  as multiply and reduce (dot strength reduction). tile 0 (GPUs): 1."""
+  if not tile or 1 in mxu_dims:
+    return 1.0
+  pad = 1.0
+  for d in mxu_dims:
+    if d and not carries_batch((d,)):
+      pad *= -(-d // tile) * tile / d
+  return pad
+
+
 def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
         expert_fraction: float = 1.0) -> MeshModel:
   """Per-collective and per-matmul linear fits from one probe-batch trace.
@@ -194,14 +221,16 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
                       c.bytes_per_device / tokens if linear else 0.0,
                       c.x_exp, c.y_exp))
   work = []
+  tile = plan.topology.chip.mxu_size
   for d in program.dots:
     linear = carries_batch(d.dims)
+    pad = mxu_padding(d.mxu_dims, tile)
     work.append(Work(d.layer, d.phase, d.count,
-                     0.0 if linear else d.flops_per_device,
-                     d.flops_per_device / tokens if linear else 0.0,
+                     0.0 if linear else d.flops_per_device * pad,
+                     d.flops_per_device * pad / tokens if linear else 0.0,
                      d.flops_global / tokens if linear else 0.0,
                      d.x_exp, d.y_exp, d.kind,
-                     _useful(d.source, expert_fraction)))
+                     _useful(d.source, expert_fraction), pad))
   hbm = tuple(Hbm(t.layer, t.phase, t.count, float(t.fixed),
                   t.linear / tokens) for t in program.traffic)
   counts: dict[str, int] = {}

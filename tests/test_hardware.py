@@ -48,3 +48,11 @@ def test_unknown_chip_names_value_and_choices():
 def test_chip_is_frozen():
   with pytest.raises(dataclasses.FrozenInstanceError):
     hardware.get_chip("v5p").hbm_bytes = 0
+
+
+def test_mxu_sizes_follow_the_scaling_book():
+  """128x128 MXUs through v5, 256x256 from v6e; GPUs: no MXU tile modelled."""
+  from meshes.hardware import CHIPS
+  assert [CHIPS[n].mxu_size for n in ("v4", "v5e", "v5p", "v6e")] == [
+      128, 128, 128, 256]
+  assert all(c.mxu_size == 0 for c in CHIPS.values() if c.kind == "gpu")

@@ -122,3 +122,52 @@ def test_lora_model_flops_leave_out_the_frozen_weight_gradients():
   assert fits[0][0] == pytest.approx(3 * fits[0][1])
   assert fits[0][1] < fits[8][1]  # the adapters' own forward matmuls
   assert 2 * fits[8][1] < fits[8][0] < 2.5 * fits[8][1]
+
+
+def test_mxu_padding_rounds_k_and_n_up_to_whole_tiles():
+  """The MXU holds [K, N] in tile x tile blocks: K = 384 is 3 whole tiles,
+  N = 96 runs as 128 (4/3 the time); v6e's 256 tiles pad 384 to 512."""
+  assert R.mxu_padding((384, 96), 128) == pytest.approx(4 / 3)
+  assert R.mxu_padding((384, 96), 256) == pytest.approx(512 / 384 * 256 / 96)
+  assert R.mxu_padding((4096, 8192), 128) == 1.0
+  assert R.mxu_padding((384, 96), 0) == 1.0  # GPUs: not modelled
+  assert R.mxu_padding((256, 1), 128) == 1.0  # strength-reduced, no MXU
+  from simulator.batch_probe import PROBE
+  assert R.mxu_padding((3 * PROBE, 96), 128) == pytest.approx(4 / 3)
+
+
+def test_padded_matmuls_take_longer_but_are_not_more_model_flops():
+  """tiny's per-device dims (d_model 64, heads 4 x 16) are under one
+  128-wide tile: the step's matmuls take longer than their FLOPs at peak,
+  MFU's model FLOPs do not change."""
+  import dataclasses
+  topo = parse_topology("v5p-8")
+  flat = dataclasses.replace(
+      topo, chip=dataclasses.replace(topo.chip, mxu_size=0))
+  s = TrainSettings(batch=8, seq=128, remat="none")
+  padded = R.fit_mesh(PRESETS["tiny"], s, plan_mesh(topo, 4, 1))
+  plain = R.fit_mesh(PRESETS["tiny"], s, plan_mesh(flat, 4, 1))
+  assert max(w.padding for w in padded.work) > 1
+  assert all(w.padding == 1 for w in plain.work)
+  hw = R.Hardware(C, LINK)
+  a, b = (R.step_estimate(m, s.tokens, hw) for m in (padded, plain))
+  assert a.t_math > b.t_math
+  assert R._model_flops(padded, s.tokens, True) == R._model_flops(
+      plain, s.tokens, True)
+
+
+def test_mxu_dims_are_the_per_device_k_and_n():
+  """tiny on 2x2: the q projection bsd,dnh->bsnh contracts d = 64 (the
+  FSDP-gathered weight) into 4 heads / Y=2 of 16 = 32 columns per device;
+  the output projection contracts those 32 into d = 64."""
+  from meshes.layout import abstract_mesh
+  from simulator.program import read_traced
+  from simulator.trace import trace_probe
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  s = TrainSettings(batch=8, seq=128, remat="none")
+  p = read_traced(trace_probe(PRESETS["tiny"], s, abstract_mesh(plan),
+                              residuals=False))
+  dims = {d.source.split("/")[-2]: d.mxu_dims for d in p.dots
+          if d.phase == "forward" and "/attn/" in d.source
+          and d.source.split("/")[-2] in ("q", "o")}
+  assert dims == {"q": (64, 32), "o": (32, 64)}

@@ -19,6 +19,18 @@ def test_every_anchor_maps_onto_flags_without_loss():
     assert run.unexpressed == ("use_iota_embed=true",), a.name
 
 
+def test_anchors_take_tensor_parallelism_from_their_scripts():
+  """The v5e 128B script (configs/largest_job/128b.sh, Oct 2023) sets
+  ici_fsdp_parallelism=16 ici_tensor_parallelism=16; the other v5e scripts
+  leave both at base.yml's -1 and 1 (pure FSDP over 256 chips)."""
+  meshes = {a.name: maxtext_run(a.maxtext, parse_topology(a.topology).chips
+                                ).flags["mesh"]
+            for a in step_time_anchors.ANCHORS}
+  assert meshes["128B v5e-256"] == "16x16"
+  assert [meshes[f"{s}B v5e-256"] for s in (16, 32, 64)] == ["256x1"] * 3
+  assert meshes["512B v5p-1024"] == "32x16"
+
+
 def test_maxtexts_flop_count_of_then():
   """6·N·tokens plus the attention term, halved for causality in the v5p
   figures' FLOP count and not in the v5e ones'."""
