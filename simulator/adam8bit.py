@@ -160,8 +160,8 @@ def adamw_8bit(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
         m, v = quantize(m, SIGNED), quantize(v, UNSIGNED)
       return u.astype(p.dtype), m, v
 
-    is_q = lambda x: isinstance(x, Quantized)
-    out = jax.tree.map(leaf, grads, state.mu, state.nu, params, is_leaf=is_q)
+    # The moments' trees hold a Quantized node where grads hold a leaf.
+    out = jax.tree.map(leaf, grads, state.mu, state.nu, params)
     treedef = jax.tree.structure(grads)
     u, m, v = (treedef.unflatten(t) for t in zip(*treedef.flatten_up_to(out)))
     return u, Adam8bitState(count, m, v)

@@ -50,10 +50,10 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   slice by slice: no stack of its own (one set of f32 MLP
                   gradient stacks, not two, at the peak of llama2_7b v5p-8
                   4x1 b32 in 4 micro-batches);
-  streamed        with state in host memory (--offload) the update runs leaf
-  offloaded       by leaf as one fusion per leaf, the next leaf's state
-  update          fetched before it and the previous leaf's results copied
-                  back after it (stream_offloaded_update: the peak of
+  streamed        with gradients fetched from host memory (--offload=params)
+  offloaded       the update runs leaf by leaf, one fusion per leaf, the
+  update          next leaf's state fetched before it and the previous
+                  leaf's results copied back after it (the peak of
                   llama2_7b v5p-16 4x2 --offload=optimizer,params is one MLP
                   leaf's inputs and outputs and the next leaf's fetches);
                   a value copied to host memory is made whole first (a DMA
@@ -430,8 +430,8 @@ def stream_offloaded_update(jaxpr) -> tuple[object, dict]:
         emit(producer[v], group)
     group.append(i)
 
-  back = [i for i in sorted(streamed) if eqns[i].primitive.name ==
-          "device_put" and all(on_host(v.aval) for v in eqns[i].outvars)]
+  back = {i for i in streamed if eqns[i].primitive.name == "device_put"
+          and all(on_host(v.aval) for v in eqns[i].outvars)}
   groups: list[list[int]] = []  # per output: what it needs, then write-backs
   for v in [*jaxpr.outvars, None]:
     group: list = []
@@ -440,7 +440,7 @@ def stream_offloaded_update(jaxpr) -> tuple[object, dict]:
         emit(i, group)
     elif isinstance(v, jcore.Var) and producer.get(v) in streamed:
       emit(producer[v], group)
-      for i in back:  # copies back to host whose values are made
+      for i in sorted(back):  # copies back to host whose values are made
         if i not in emitted and all(
             not isinstance(u, jcore.Var) or u not in producer
             or producer[u] in emitted for u in eqns[i].invars):
@@ -457,11 +457,11 @@ def stream_offloaded_update(jaxpr) -> tuple[object, dict]:
   for k, group in enumerate(groups):
     if k + 1 < len(groups):
       order += fetch(groups[k + 1])
-    made = [i for i in group if i not in back
-            and not fetches_host_value(eqns[i])]
-    order += made
-    if made:
-      held[made[-1]] = [v for i in fetch(group) for v in eqns[i].outvars]
+    update = [i for i in group if i not in back
+              and not fetches_host_value(eqns[i])]
+    order += update
+    if update:
+      held[update[-1]] = [v for i in fetch(group) for v in eqns[i].outvars]
     if k:
       order += write(groups[k - 1])
   order += write(groups[-1])
