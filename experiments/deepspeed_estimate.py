@@ -61,6 +61,9 @@ def main(argv) -> None:
                                  current=FLAGS.formula == "current"))
   if stage == 3:
     gpus = FLAGS.num_gpus_per_node * FLAGS.num_nodes
+    print("\nseed 003's pinned memory (cpu_offload_use_pin_memory: the part "
+          "of the CPU column that is page-locked):\n"
+          + "\n".join(formulas.deepspeed_pinned_lines(total, FLAGS.num_nodes)))
     print(f"\nseed 003's ZeRO-3 GPU cases on {gpus} GPUs (its MB: 2^20 "
           f"bytes):\n" + formulas.deepspeed_zero3_gpu_cases(total, largest,
                                                             gpus))
@@ -69,6 +72,8 @@ def main(argv) -> None:
         total, FLAGS.num_gpus_per_node, FLAGS.num_nodes, False)
     print(f"(seed 003 prints {seed.gpu / 2**30:.2f}GB per GPU without "
           f"offload: its 4Ψ + 16Ψ/N; DeepSpeed's code now has 2Ψ + 18Ψ/N)")
+  if stage == 2:
+    print("(seed 003: ZeRO-2's pinned memory \"can't be controlled\")")
   if FLAGS.model:
     _traced(cfg, stage)
 
@@ -90,6 +95,14 @@ def _traced(cfg, stage: int) -> None:
         f"(params {est.per_device_bytes['params'] / GiB:.2f}, grads "
         f"{est.per_device_bytes['grads'] / GiB:.2f}, optimizer "
         f"{est.per_device_bytes['optimizer'] / GiB:.2f}), nothing offloaded")
+  off = memory.memory_report(cfg, TrainSettings(
+      batch=gpus, seq=min(512, cfg.max_len), shard=f"zero{stage}",
+      precision="bf16_master", offload=("optimizer", "params")), plan)
+  print(f"traced here with --offload=optimizer,params: pinned host memory "
+        f"{off.pinned_host_bytes / GiB:.2f} GiB per GPU, "
+        f"{off.host_ram_bytes / GiB:.2f} GiB per node of "
+        f"{off.host_devices} GPUs (params, f32 master and moments, all "
+        f"pinned_host)")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from absl import flags
 
 from experiments import cli
 from experiments.units import gib
+from simulator.settings import OPTIMIZERS
 from simulator.step import kv_heads_note
 
 cli.define_model_flags()
@@ -18,6 +19,8 @@ flags.DEFINE_enum("shard", "zero3", ["dp", "zero1", "zero2", "zero3"],
                   "zero3 stores params sharded over X; the others replicate them")
 flags.DEFINE_enum("precision", "mixed", ["mixed", "bf16_master", "bf16"],
                   "mixed stores f32 params; the bf16 policies bf16 params")
+flags.DEFINE_enum("optimizer", "adamw", list(OPTIMIZERS),
+                  "the optimizer whose state is counted")
 cli.define_adapter_flags()
 cli.define_moe_flags()
 FLAGS = flags.FLAGS
@@ -32,6 +35,7 @@ def main(argv):
   from simulator.settings import TrainSettings
   cfg, plan = cli.model_and_plan()
   settings = TrainSettings(shard=FLAGS.shard, precision=FLAGS.precision,
+                           optimizer=FLAGS.optimizer,
                            lora_rank=FLAGS.lora_rank,
                            lora_targets=tuple(FLAGS.lora_targets),
                            base_quant=FLAGS.base_quant,
@@ -73,6 +77,12 @@ def main(argv):
     print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
   print(f"per-device parameter bytes: {info['per_device_param_bytes']:,} "
         f"({gib(info['per_device_param_bytes']):.3f} GiB)")
+  state = info["optimizer_state_bytes"]
+  print(f"optimizer state ({info['optimizer']}, {info['precision']}): "
+        f"{state:,} bytes ({gib(state):.3f} GiB), "
+        f"{state / info['trainable_params']:.3f} bytes per trained parameter; "
+        f"per device {info['per_device_optimizer_bytes']:,} bytes "
+        f"({gib(info['per_device_optimizer_bytes']):.3f} GiB)")
 
 
 if __name__ == "__main__":

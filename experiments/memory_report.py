@@ -19,7 +19,8 @@ from absl import flags
 
 from experiments import cli
 from meshes.hardware import GiB
-from simulator import memory
+from models.params import num_params
+from simulator import formulas, memory
 from simulator.memory import capacity
 from simulator.step import kv_heads_note, kv_heads_replicated
 
@@ -46,8 +47,27 @@ def _budget_lines(budget: capacity.GpuBudget) -> list[str]:
   return lines
 
 
+def host_lines(estimate: memory.MemoryEstimate, total_params: int,
+               hosts: int, grad_accum: int) -> list[str]:
+  """Host memory: per device, pinned, per host machine; beside it seed 003's
+  ZeRO-3 pinned-memory rules for the same parameter count."""
+  n = estimate.host_devices
+  return [
+      "", "host memory (--offload, offloaded residuals):",
+      f"  per device     {_gib(estimate.host_bytes)} GiB, of it pinned "
+      f"(memory kind pinned_host) {estimate.pinned_host_bytes / GiB:.3f} GiB",
+      f"  per host       {_gib(estimate.host_ram_bytes)} GiB  ({n} devices "
+      f"per host machine, each its share; the host's own runtime not "
+      f"counted)",
+      f"seed 003's pinned memory for {total_params / 1e6:,.0f}M parameters "
+      f"(DeepSpeed ZeRO-3 with cpu_offload_use_pin_memory; its GB = GiB; "
+      f"{hosts} node{'s' if hosts > 1 else ''}):",
+      *formulas.deepspeed_pinned_lines(total_params, hosts, grad_accum)]
+
+
 def render(estimate: memory.MemoryEstimate, header: str,
-           budget: capacity.GpuBudget | None = None) -> str:
+           budget: capacity.GpuBudget | None = None,
+           host: list[str] = ()) -> str:
   hbm = estimate.hbm_bytes
   pd = estimate.per_device_bytes
   lines = [header, "", "the step's tensors          GiB   % HBM"]
@@ -65,6 +85,7 @@ def render(estimate: memory.MemoryEstimate, header: str,
             _row("+ overhead", pd["overhead"], hbm),
             _row("= plan with", pd["peak"], hbm)]
   verdict = "fits" if estimate.fits else "does NOT fit"
+  lines += host
   if budget:
     lines += _budget_lines(budget)
   lines += [
@@ -113,7 +134,10 @@ def main(argv):
                      f"; its layer projections stored as "
                      f"{settings.base_quant} (models.quant)"
                      if settings.base_quant != "none" else ""))
-    print(render(estimate, header, budget))
+    host = (host_lines(estimate, num_params(cfg),
+                       plan.topology.chips // estimate.host_devices,
+                       settings.grad_accum) if estimate.host_bytes else [])
+    print(render(estimate, header, budget, host))
 
 
 if __name__ == "__main__":

@@ -207,4 +207,8 @@ CASES: list[Case] = [
          loss_chunks=4),
     Case(QWEN_MOE_4L, "v5p-8", "4x1", 8, 2048, "full", "adamw", C,
          loss_chunks=4),
+    # 8-bit AdamW (simulator.adam8bit): the peak in the update, where each
+    # moment is dequantized, updated and requantized; and a small model.
+    Case("llama2_7b", "v5p-8", "2x2", 8, 2048, "full", "adamw_8bit", C),
+    Case("gpt2", "v5p-8", "4x1", 16, 512, "full", "adamw_8bit", C),
 ]

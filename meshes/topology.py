@@ -51,6 +51,11 @@ _CLOUD_GENERATIONS = {"v4": "v4", "v5p": "v5p", "v5e": "v5e", "v5litepod": "v5e"
 _GPU_ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm"}
 _GPU_MAX = 8  # one HGX board: 8 GPUs behind NVSwitch
 _POD_2D = 16  # v5e/v6e pods are a single 16x16 torus
+# Chips one TPU VM host drives (its host RAM serves them): Cloud's v4/v5p
+# tables give 4 chips per host (v5p 2x2x1: 4 chips, 1 host; 2x2x2: 8 chips,
+# 2 hosts); v5e's ("Chips per host: 8", DRAM per host 512 GiB) and v6e's
+# single-host slices hold up to 8, their multi-host slices 4 per host.
+_VM_CHIPS, _VM_CHIPS_SINGLE = 4, {"v5e": 8, "v6e": 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,17 @@ class Topology:
   @property
   def chips(self) -> int:
     return self.hosts * self.chips_per_host
+
+  @property
+  def chips_per_vm(self) -> int:
+    """Devices one host machine (a GPU node, a TPU VM) drives, whose host
+    memory it holds: a GPU node's GPUs; a TPU slice's chips up to the
+    generation's single-host size, else 4 (_VM_CHIPS)."""
+    if self.chip.kind == "gpu":
+      return self.chips_per_host
+    single = _VM_CHIPS_SINGLE.get(self.chip.name, _VM_CHIPS)
+    return (self.chips_per_host if self.chips_per_host <= single
+            else _VM_CHIPS)
 
   @property
   def network(self) -> Network | None:

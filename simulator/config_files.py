@@ -18,7 +18,9 @@ _HF_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
 _ALL = ("q", "k", "v", "o", "wi", "wi_gate", "wo")
 _HF_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw",
                   "adamw_torch_fused": "adamw", "adamw_apex_fused": "adamw",
-                  "adafactor": "adafactor", "sgd": "sgd"}
+                  "adafactor": "adafactor", "sgd": "sgd",
+                  # bitsandbytes' AdamW8bit (transformers' OptimizerNames)
+                  "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit"}
 _ZERO = {0: "dp", 1: "zero1", 2: "zero2", 3: "zero3"}
 
 
@@ -133,9 +135,7 @@ def _huggingface(data: dict, devices: int) -> ConfigRun:
     m.put("remat", "full" if data["gradient_checkpointing"] else "none",
           f"gradient_checkpointing={data['gradient_checkpointing']}",
           "gradient_checkpointing")
-  optim = data.get("optim")
-  if optim in _HF_OPTIMIZERS:
-    m.put("optimizer", _HF_OPTIMIZERS[optim], f"optim={optim}", "optim")
+  _optim(m, data)
   for key in ("max_seq_length", "max_length"):
     if key in data:
       m.put("seq", _int(data, key, 1), f"{key}={data[key]}", key)
@@ -152,6 +152,13 @@ def _huggingface(data: dict, devices: int) -> ConfigRun:
                     "load_in_8bit", "load_in_4bit", "load_in_8bit",
                     "bnb_4bit_quant_type")
   return m.done("Hugging Face TrainingArguments")
+
+
+def _optim(m: _Mapper, data: dict) -> None:
+  """TrainingArguments' `optim` (LLaMA-Factory passes it on as is)."""
+  optim = data.get("optim")
+  if optim in _HF_OPTIMIZERS:
+    m.put("optimizer", _HF_OPTIMIZERS[optim], f"optim={optim}", "optim")
 
 
 def _quantized_base(m: _Mapper, bits, kind, why: str, *keys: str) -> None:
@@ -176,6 +183,7 @@ def _llamafactory(data: dict, devices: int) -> ConfigRun:
   if "flash_attn" in data:
     kernel = "materialized" if data["flash_attn"] == "disabled" else "flash"
     m.put("attention", kernel, f"flash_attn={data['flash_attn']}", "flash_attn")
+  _optim(m, data)
   if data.get("finetuning_type") == "lora":
     rank = _int(data, "lora_rank", 8)
     m.put("lora_rank", rank, f"finetuning_type=lora lora_rank={rank}",

@@ -199,6 +199,33 @@ def deepspeed_zero3_model_states_mem_needs(
   return HostDeviceBytes(cpu=int(cpu), gpu=int(gpu))
 
 
+def deepspeed_zero3_pinned_bytes(total_params: int, offload_params: bool,
+                                 grad_accum: int = 1,
+                                 num_nodes: int = 1) -> int:
+  """Seed 003 "Pinned Memory" (ZeRO-3 with cpu_offload_use_pin_memory): the
+  part of a node's general RAM that is page-locked. Parameters offloaded:
+  6Ψ (2 bytes fp16 params + 4 fp32 grads), 2Ψ more for fp16 grads with
+  gradient accumulation; not offloaded: 4Ψ (fp32 grads). Spread over nodes
+  as its general RAM is (gpus_factor = 1/num_nodes). ZeRO-2: "can't be
+  controlled" (no rule)."""
+  per_param = (6 + (2 if grad_accum > 1 else 0)) if offload_params else 4
+  return int(total_params * per_param / num_nodes)
+
+
+def deepspeed_pinned_lines(total_params: int, num_nodes: int = 1,
+                           grad_accum: int = 1) -> list[str]:
+  """The two pinned-memory cases of seed 003, per node, in its GB (2^30)."""
+  out = []
+  for offload in (True, False):
+    pinned = deepspeed_zero3_pinned_bytes(total_params, offload, grad_accum,
+                                          num_nodes)
+    rule = (("8" if grad_accum > 1 else "6") if offload else "4") + "Ψ"
+    out.append(f"  {pinned / 2**30:7.2f}GB per node | ZeRO-3 "
+               f"offload_param={'cpu ' if offload else 'none'}: {rule}"
+               + (f"/{num_nodes} nodes" if num_nodes > 1 else ""))
+  return out
+
+
 def deepspeed_zero3_gpu_cases(total_params: int, largest_layer_params: int,
                               total_gpus: int) -> str:
   """Seed 003's ZeRO-3 GPU-memory discussion (its t5-large example), line

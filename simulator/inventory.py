@@ -13,7 +13,8 @@ from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from models.params import abstract_params, module_class
 from simulator.settings import TrainSettings
-from simulator.step import (device_bytes, device_shape, kv_heads_replicated,
+from simulator.step import (build_step, device_bytes, device_shape,
+                            kv_heads_replicated,
                             lay_out_params, make_model, pad_vocab, step_rules,
                             trainable_paths)
 
@@ -71,7 +72,23 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
       "bytes_by_dtype": dict(by_dtype),
       "params": groups,
       "per_device_param_bytes": sum(g["per_device_bytes"] for g in groups),
+      "optimizer": settings.optimizer,
+      **optimizer_state_bytes(cfg, plan, settings),
   }
+
+
+def optimizer_state_bytes(cfg: ModelConfig, plan: MeshPlan,
+                          settings: TrainSettings) -> dict[str, int]:
+  """The optimizer's state as the step holds it (jax.eval_shape(tx.init) on
+  the trained parameters, laid out like the optimizer): bytes in all and
+  per device."""
+  any_batch = dataclasses.replace(settings, batch=plan.X * plan.Y,
+                                  grad_accum=1)  # the state has no batch
+  leaves = jax.tree.leaves(build_step(cfg, any_batch,
+                                      abstract_mesh(plan)).opt_state)
+  return {"optimizer_state_bytes": sum(math.prod(x.shape) * x.dtype.itemsize
+                                       for x in leaves),
+          "per_device_optimizer_bytes": sum(device_bytes(x) for x in leaves)}
 
 
 def quantized_base(full, stored, kind: str) -> dict[str, Any] | None:

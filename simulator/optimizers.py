@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from simulator.adam8bit import adamw_8bit
+
 LEARNING_RATE = 1e-4
 
 
@@ -58,6 +60,8 @@ def make_optimizer(name: str, precision: str) -> optax.GradientTransformation:
     tx = optax.adamw(LEARNING_RATE, mu_dtype=mu)
   elif name == "adamw_bf16_mu":
     tx = optax.adamw(LEARNING_RATE, mu_dtype=jnp.bfloat16)
+  elif name == "adamw_8bit":  # blockwise-quantized moments (bitsandbytes)
+    tx = adamw_8bit(LEARNING_RATE)
   elif name == "adafactor":
     tx = optax.adafactor(LEARNING_RATE)
   elif name == "sgd":

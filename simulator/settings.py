@@ -9,7 +9,8 @@ from models.quant import QUANTS
 
 REMAT_HELP = "none, full, dots, names:<list>, offload:<list>"
 ATTENTIONS = ("materialized", "flash")
-OPTIMIZERS = ("adamw", "adamw_bf16_mu", "adafactor", "sgd", "sgd_momentum")
+OPTIMIZERS = ("adamw", "adamw_bf16_mu", "adamw_8bit", "adafactor", "sgd",
+              "sgd_momentum")
 PRECISIONS = ("mixed", "bf16_master", "bf16")
 SHARDS = ("dp", "zero1", "zero2", "zero3")
 LORA_TARGETS = ("q", "k", "v", "o", "wi", "wi_gate", "wo")

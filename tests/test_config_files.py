@@ -73,6 +73,19 @@ def test_a_quantized_base(tmp_path, text, quant):
   assert run.flags["base_quant"] == quant and not run.ignored
 
 
+@pytest.mark.parametrize("name,text", [
+    ("hf.json", '{"per_device_train_batch_size": 1, "optim": "adamw_bnb_8bit"}'),
+    ("hf.json", '{"per_device_train_batch_size": 1, "optim": "adamw_8bit"}'),
+    ("lf.yaml", "finetuning_type: full\noptim: adamw_bnb_8bit\n"),
+])
+def test_bitsandbytes_8bit_adamw(tmp_path, name, text):
+  """transformers' adamw_bnb_8bit / adamw_8bit (LLaMA-Factory passes `optim`
+  on to TrainingArguments) is --optimizer=adamw_8bit."""
+  run = read_config(_write(tmp_path, name, text), devices=1)
+  assert run.flags["optimizer"] == "adamw_8bit"
+  assert not any(i.startswith("optim=") for i in run.ignored)
+
+
 @pytest.mark.parametrize("name,text,match", [
     ("x.json", "{not json", "not valid JSON"),
     ("x.json", "[1, 2]", "a list, not a mapping"),

@@ -100,3 +100,16 @@ def test_bad_input():
   assert p.returncode == 2 and p.stderr.strip() == (
       "error: --stage=3 needs --largest_layer_params with --total_params "
       "(or give --model)")
+
+
+def test_seed_003s_pinned_memory_rules():
+  """ZeRO-3 with cpu_offload_use_pin_memory: 6Ψ with params offloaded (8Ψ
+  with gradient accumulation), 4Ψ without; per node as its general RAM."""
+  psi = 2851 * 10**6
+  assert formulas.deepspeed_zero3_pinned_bytes(psi, True) == 6 * psi
+  assert formulas.deepspeed_zero3_pinned_bytes(psi, True, 4) == 8 * psi
+  assert formulas.deepspeed_zero3_pinned_bytes(psi, False, 4) == 4 * psi
+  assert formulas.deepspeed_zero3_pinned_bytes(psi, False, 1, 2) == 2 * psi
+  assert formulas.deepspeed_pinned_lines(psi) == [
+      "    15.93GB per node | ZeRO-3 offload_param=cpu : 6Ψ",
+      "    10.62GB per node | ZeRO-3 offload_param=none: 4Ψ"]

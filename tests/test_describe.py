@@ -39,6 +39,22 @@ def test_text_output_names_the_count_and_chips():
   out = describe("--model=tiny", "--topology=v5p:2x2x1", "--mesh=2x2")
   assert out.returncode == 0, out.stderr
   assert "106,816 parameters" in out.stdout and "4 chips" in out.stdout
+  assert "optimizer state (adamw, mixed): 854,532 bytes" in out.stdout
+  assert "8.000 bytes per trained parameter" in out.stdout
+
+
+def test_8bit_optimizer_state_bytes():
+  """adamw_8bit: a uint8 code per parameter for each moment and an f32
+  absmax per block: llama2_7b on 2x2, 2.044 bytes per parameter (blocks of
+  2048 over a 2048-wide slice, 128 over 5504-wide MLP slices); adamw 8."""
+  flags = ("--model=llama2_7b", "--topology=v5p-8", "--mesh=2x2",
+           "--format=json")
+  full = json.loads(describe(*flags).stdout)
+  eight = json.loads(describe(*flags, "--optimizer=adamw_8bit").stdout)
+  assert full["optimizer_state_bytes"] == 8 * full["num_params"] + 4
+  per = eight["optimizer_state_bytes"] / eight["num_params"]
+  assert 2 < per < 2.05
+  assert eight["per_device_optimizer_bytes"] == 3_443_705_356
 
 
 def test_gpu_hosts_in_json():

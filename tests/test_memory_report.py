@@ -43,6 +43,14 @@ def test_json_schema_and_text():
   assert "GiB" in text.stdout and "% HBM" in text.stdout
   assert f"the live set at {data['peak_where']}" in text.stdout
   assert "with the 10% planning overhead" in text.stdout
+  # Host memory: per device, pinned, per host VM (4 v5p chips), and seed
+  # 003's pinned-memory rules for the same parameter count beside it.
+  assert data["pinned_host_bytes"] == data["host_bytes"]
+  assert data["host_ram_bytes"] == 4 * data["host_bytes"]
+  assert "of it pinned (memory kind pinned_host)" in text.stdout
+  assert "(4 devices per host machine" in text.stdout
+  assert "ZeRO-3 offload_param=cpu : 6Ψ" in text.stdout
+  assert "ZeRO-3 offload_param=none: 4Ψ" in text.stdout
 
 
 def test_bad_flags_one_line_exit_2():

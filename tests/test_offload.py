@@ -64,3 +64,27 @@ def test_bad_offload():
   with pytest.raises(ValueError, match="'activations'; valid: optimizer, "
                      "params"):
     _settings("activations")
+
+
+def test_pinned_host_bytes_and_the_ram_of_one_host():
+  """What --offload pins is memory kind pinned_host; a host machine holds
+  every local device's share (v5p: 4 chips per host VM)."""
+  base, both = _estimate(), _estimate("optimizer", "params")
+  assert base.pinned_host_bytes == base.host_bytes == base.host_ram_bytes == 0
+  assert both.pinned_host_bytes == both.host_bytes > 0
+  assert both.host_devices == 4
+  assert both.host_ram_bytes == 4 * both.host_bytes
+  js = memory.to_json(both)
+  assert (js["pinned_host_bytes"], js["host_ram_bytes"]) == (
+      both.host_bytes, 4 * both.host_bytes)
+  # The batch rescaling keeps them (the state does not scale with it).
+  again = both.at_batch(16)
+  assert (again.pinned_host_bytes, again.host_ram_bytes) == (
+      both.pinned_host_bytes, both.host_ram_bytes)
+
+
+def test_offloaded_residuals_are_pinned_too():
+  """remat offload: models.remat moves the named residuals to pinned_host."""
+  est = memory.memory_report(load_model("tiny"), TrainSettings(
+      batch=8, seq=64, remat="offload:qkv"), PLAN)
+  assert est.pinned_host_bytes == est.host_bytes > 0

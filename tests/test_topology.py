@@ -139,3 +139,13 @@ def test_bad_input_names_the_value(name, named):
 def test_bad_cloud_name_lists_valid_choices():
   with pytest.raises(ValueError, match=r"valid: v5p-8, v5p-16, .*v5p-128"):
     parse_topology("v5p-96")
+
+
+@pytest.mark.parametrize("name,per_vm", [
+    ("v5p-8", 4), ("v5p-16", 4), ("v5p-256x2", 4), ("v4-32", 4),
+    ("v5e-8", 8), ("v5e-16", 4), ("v6e-4", 4), ("v6e-8", 8),
+    ("h100:8", 8), ("h100:2x8", 8), ("a100:2x4", 4)])
+def test_devices_per_host_machine(name, per_vm):
+  """Cloud's tables: v4/v5p VMs drive 4 chips; v5e/v6e up to 8 in a
+  single-host slice, 4 per host beyond; a GPU node its GPUs."""
+  assert parse_topology(name).chips_per_vm == per_vm

@@ -56,7 +56,8 @@ from simulator.batch_probe import carries_batch, require_probe, rescale
 from simulator.memory import capacity, liveness, xla_rules
 from simulator.memory.tiling import tpu_tiled_bytes
 from simulator.settings import TrainSettings
-from simulator.step import device_bytes, device_shape, trainable_params
+from simulator.step import (HOST as PINNED, device_bytes, device_shape,
+                            trainable_params)
 from simulator.trace import Residual, Traced, read_inputs, trace_probe
 
 # Runtime and fragmentation overhead as a fraction of the compiled-comparable
@@ -85,6 +86,7 @@ class Tensor:
   dtype: str
   fixed: int
   linear: int
+  pinned: bool = False  # "host": in pinned_host memory (page-locked)
 
   def bytes_at(self, scale_num: int, scale_den: int) -> int:
     return self.fixed + self.linear * scale_num // scale_den
@@ -104,7 +106,9 @@ class MemoryEstimate:
   """Per-device bytes (ints); see the module docstring."""
 
   per_device_bytes: dict[str, int]  # the step's tensors, overhead, peak
-  host_bytes: int  # offloaded residuals in pinned host memory, per device
+  host_bytes: int  # state and residuals kept in host memory, per device
+  pinned_host_bytes: int  # the part of host_bytes in memory kind pinned_host
+  host_devices: int  # devices one host machine drives (its RAM serves them)
   hbm_bytes: int  # what the step may use: simulator.memory.capacity
   fits: bool
   headroom_bytes: int  # hbm_bytes - peak (negative: does not fit)
@@ -126,6 +130,12 @@ class MemoryEstimate:
                                                      default=None)
   trainable_params: int = 0  # parameters the step trains (LoRA: adapters)
 
+  @property
+  def host_ram_bytes(self) -> int:
+    """Host RAM one host machine holds for the step: every local device's
+    host share (the host's own runtime and input pipeline not counted)."""
+    return self.host_bytes * self.host_devices
+
   def at_batch(self, batch: int) -> "MemoryEstimate":
     """The same mesh and program at another global batch, without retracing."""
     if not isinstance(batch, int) or batch <= 0 or batch % self.batch_shards:
@@ -133,7 +143,7 @@ class MemoryEstimate:
                        f"{self.batch_shards} (the batch's shards)")
     return dataclasses.replace(
         _assemble(self.tensors, self.points, batch, self.traced_batch,
-                  self.hbm_bytes, self.batch_shards),
+                  self.hbm_bytes, self.batch_shards, self.host_devices),
         trainable_params=self.trainable_params)
 
 
@@ -194,7 +204,8 @@ def _state_tensors(traced: Traced, tiled: bool) -> list[Tensor]:
         continue
       if xla_rules.on_host(leaf):  # --offload: pinned host memory
         out.append(Tensor("host", name, device_shape(leaf), str(leaf.dtype),
-                          device_bytes(leaf), 0))
+                          device_bytes(leaf), 0,
+                          pinned=leaf.sharding.memory_kind == PINNED))
         continue
       out.append(Tensor(category, name, device_shape(leaf),
                         str(leaf.dtype), device_bytes(leaf), 0))
@@ -208,9 +219,16 @@ def _state_tensors(traced: Traced, tiled: bool) -> list[Tensor]:
 
 def _saved_tensors(residuals: tuple[Residual, ...]) -> list[Tensor]:
   """What the backward keeps: residuals not fused away and not arguments
-  (params and batch are counted as such); offloaded ones on the host."""
-  return [_split("host" if xla_rules.on_host(r.aval) else "activations", r.name,
-                 r.aval) for r in residuals if not r.argument and not r.fused]
+  (params and batch are counted as such); offloaded ones on the host, in
+  pinned_host memory (models.remat's offload_dst)."""
+  out = []
+  for r in residuals:
+    if r.argument or r.fused:
+      continue
+    t = _split("host" if xla_rules.on_host(r.aval) else "activations", r.name,
+               r.aval)
+    out.append(dataclasses.replace(t, pinned=t.category == "host"))
+  return out
 
 
 # --------------------------------------------------------------------------
@@ -245,7 +263,8 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   points = liveness.simulate(traced.jaxpr, donated)
   return dataclasses.replace(
       _assemble(tuple(tensors), points, batch, batch,
-                capacity.capacity_bytes(plan), batch // per_device_batch),
+                capacity.capacity_bytes(plan), batch // per_device_batch,
+                plan.topology.chips_per_vm),
       trainable_params=trainable_params(step))
 
 
@@ -263,10 +282,10 @@ def _peak_category(b: liveness.LiveBuffer) -> str:
 
 def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
               batch: int, traced_batch: int, hbm_bytes: int,
-              shards: int) -> MemoryEstimate:
+              shards: int, host_devices: int) -> MemoryEstimate:
   totals = {c: 0 for c in CATEGORIES}
   at_peak = {c: 0 for c in PEAK_CATEGORIES}
-  host = 0
+  host = pinned = 0
   by_category: dict[str, list[Contributor]] = {}
   for t in tensors:
     b = t.bytes_at(batch, traced_batch)
@@ -275,6 +294,7 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
       b, category = _batch_padding(t, batch, traced_batch), "padding"
     if category == "host":
       host += b
+      pinned += b if t.pinned else 0
     elif category in ("padding", "batch"):
       at_peak["tile_padding" if category == "padding" else "batch"] += b
       if category == "batch":
@@ -305,7 +325,8 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
             points.part_peaks(batch, traced_batch).items()}
   by_size = lambda xs: tuple(sorted(xs, key=lambda x: -x.bytes))
   return MemoryEstimate(
-      per_device_bytes=totals, host_bytes=host, hbm_bytes=hbm_bytes,
+      per_device_bytes=totals, host_bytes=host, pinned_host_bytes=pinned,
+      host_devices=host_devices, hbm_bytes=hbm_bytes,
       fits=peak <= hbm_bytes, headroom_bytes=hbm_bytes - peak,
       eta_mem=totals["params"] / peak if peak else 0.0,
       batch_bytes=at_peak["batch"],
@@ -365,7 +386,9 @@ def to_json(estimate: MemoryEstimate) -> dict:
    "at_peak": {PEAK_CATEGORIES}: sums to compiled_comparable_peak,
    "peak_buffers": [{"name", "shape", "dtype", "bytes", "category"}, ...],
    "phase_bytes": {part of the step: its largest live set},
-   "host_bytes", "hbm_bytes", "headroom_bytes", "fits", "eta_mem", "batch",
+   "host_bytes", "pinned_host_bytes" (the part in memory kind pinned_host),
+   "host_ram_bytes" (host_bytes x the devices one host machine drives),
+   "hbm_bytes", "headroom_bytes", "fits", "eta_mem", "batch",
    "trainable_params",
    "batch_bytes", "overhead_fraction", "arguments_bytes",
    "tile_padding_bytes",
@@ -381,6 +404,8 @@ def to_json(estimate: MemoryEstimate) -> dict:
       "peak_buffers": _contributors(estimate.peak_buffers),
       "phase_bytes": {k: int(v) for k, v in estimate.phase_bytes.items()},
       "host_bytes": int(estimate.host_bytes),
+      "pinned_host_bytes": int(estimate.pinned_host_bytes),
+      "host_ram_bytes": int(estimate.host_ram_bytes),
       "hbm_bytes": int(estimate.hbm_bytes),
       "headroom_bytes": int(estimate.headroom_bytes),
       "fits": bool(estimate.fits),

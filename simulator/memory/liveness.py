@@ -116,8 +116,11 @@ class _Plan:
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
-          stacks: dict) -> _Plan:
-  in_place = set(in_place_out)
+          stacks: dict, held: dict | None = None) -> _Plan:
+  # An output copied to host memory (--offload) is a host buffer: the
+  # donated HBM buffer is not written, and what it is copied from dies there.
+  in_place = {v for v in in_place_out
+              if not (isinstance(v, jcore.Var) and xla_rules.on_host(v.aval))}
   eqns = jaxpr.eqns
   n = len(eqns)
   consumers: dict = {}
@@ -127,6 +130,9 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       if isinstance(v, jcore.Var):
         consumers.setdefault(v, []).append(eqn)
         last[v] = max(last.get(v, -1), i)
+  for i, values in (held or {}).items():  # read by the fusion made there
+    for v in values:
+      last[v] = max(last.get(v, -1), i)
   outs = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
 
   def readers(v) -> Iterable:  # through views
@@ -230,10 +236,11 @@ class _Simulation:
     if key not in self.plans:
       if deferred:
         jaxpr = xla_rules.defer_weight_grads(jaxpr)
+      jaxpr, held = xla_rules.stream_offloaded_update(jaxpr)
       stacks, hoisted = xla_rules.hoisted_stacks(jaxpr, local)
       self.hoisted |= hoisted
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
-                              stacks)
+                              stacks, held)
     return self.plans[key]
 
   @staticmethod

@@ -59,6 +59,14 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   slice by slice: no stack of its own (one set of f32 MLP
                   gradient stacks, not two, at the peak of llama2_7b v5p-8
                   4x1 b32 in 4 micro-batches);
+  streamed        with gradients fetched from host memory (--offload=params)
+  offloaded       the update runs leaf by leaf, one fusion per leaf, the
+  update          next leaf's state fetched before it and the previous
+                  leaf's results copied back after it (the peak of
+                  llama2_7b v5p-16 4x2 --offload=optimizer,params is one MLP
+                  leaf's inputs and outputs and the next leaf's fetches);
+                  a value copied to host memory is made whole first (a DMA
+                  reads a buffer) and its donated HBM buffer is not written;
   deferred weight a weight-gradient matmul is made as late as its readers
   gradients       allow: in a layer's backward after the attention backward
                   (the MLP's and attention's weight-gradient fusions come
@@ -191,6 +199,8 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
     return (len({id(c) for c in through_views}) == 1
             and elementwise(through_views[0])
             and not widening(through_views[0]))
+  if any(c.primitive.name == "device_put" for c in through_views):
+    return False  # a copy to another memory (a DMA) reads a whole buffer
   return loop_fusible(eqn) and all(
       absorbs(c) or (c.primitive.name == "dot_general" and _no_wider(eqn))
       for c in readers)
@@ -408,3 +418,119 @@ def defer_weight_grads(jaxpr):
   for i in sorted(deferred):
     emit(i)
   return jaxpr.replace(eqns=[eqns[i] for i in order])
+
+
+def fetches_host_value(eqn) -> bool:
+  """A device_put of a value in host memory to the device (an offloaded
+  argument fetched for the update)."""
+  return (eqn.primitive.name == "device_put"
+          and any(isinstance(v, jcore.Var) and on_host(v.aval)
+                  for v in eqn.invars)
+          and not any(on_host(v.aval) for v in eqn.outvars))
+
+
+def stream_offloaded_update(jaxpr) -> tuple[object, dict]:
+  """The streamed-offloaded-update rule: `jaxpr` with what reads state
+  fetched from host memory outside the forward pass (gradients made in host
+  memory where the parameters live, moments, parameters for the update) and
+  what is made from it done leaf by leaf, after everything else; and, per
+  leaf, the equation after which its fetched values die (its update is one
+  fusion: they are read until its last value is made).
+
+  optax's program updates every leaf's moments, then every leaf's
+  parameters, so in program order every fetched copy is live at once. XLA
+  fuses each leaf's update into one multi-output fusion that reads the
+  leaf's fetched parameter, gradient and moments and writes the three new
+  values without reusing their buffers, issues the next leaf's fetches
+  before it runs, and copies the results back to host after it. In the
+  schedule of llama2_7b v5p-16 4x2 b16 --offload=optimizer,params
+  (experiments/data/compiled_corpus.jsonl #69) the peak, at fusion.371, is
+  12 f32[32,1024,5504]: its 4 fetched inputs (copy-done.39-42), its 3
+  outputs, the next leaf's 4 fetches in flight (copy-start.44-47, issued
+  before it) and 1 of the previous leaf's 3 outputs still being copied back
+  (fusion.367{1}; {0} and {2} were done before). Which of the previous
+  leaf's copies the scheduler finishes first is not derived, so the rule
+  takes the bound: the previous leaf's copies back end after the next
+  leaf's update (14 such buffers).
+
+  Only where the update fetches a value the step made in host memory (the
+  gradients of parameters kept there): a leaf's update cannot start before
+  the backward makes its gradient. With the moments alone in host memory
+  XLA fetches them during the backward, several leaves at once (#68
+  --offload=optimizer: 6 copy-starts, the moments of all three MLP leaves,
+  at its peak in the layers' backward), which program order holds too."""
+  eqns = list(jaxpr.eqns)
+  producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+  loss = [i for i, e in enumerate(eqns)
+          if scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)]
+  forward: set = set()  # what the loss is made from: not the update's
+  while loss:
+    i = loss.pop()
+    if i not in forward:
+      forward.add(i)
+      loss += [producer[v] for v in eqns[i].invars
+               if isinstance(v, jcore.Var) and v in producer]
+  streamed: set = set()
+  made: set = set()
+  for i, e in enumerate(eqns):
+    if i in forward:
+      continue
+    if fetches_host_value(e) or any(
+        isinstance(v, jcore.Var) and v in made for v in e.invars):
+      streamed.add(i)
+      made.update(e.outvars)
+  inputs = set(jaxpr.invars)
+  if not any(fetches_host_value(eqns[i]) and any(
+      isinstance(v, jcore.Var) and v not in inputs for v in eqns[i].invars)
+             for i in streamed):
+    return jaxpr, {}  # no gradient fetched from host: moments prefetched
+  order = [i for i in range(len(eqns)) if i not in streamed]
+  emitted = set(order)
+
+  def emit(i, group):
+    if i in emitted:
+      return
+    emitted.add(i)
+    for v in eqns[i].invars:
+      if isinstance(v, jcore.Var) and v in producer:
+        emit(producer[v], group)
+    group.append(i)
+
+  back = {i for i in streamed if eqns[i].primitive.name == "device_put"
+          and all(on_host(v.aval) for v in eqns[i].outvars)}
+  groups: list[list[int]] = []  # per output: what it needs, then write-backs
+  for v in [*jaxpr.outvars, None]:
+    group: list = []
+    if v is None:  # whatever is left
+      for i in sorted(streamed):
+        emit(i, group)
+    elif isinstance(v, jcore.Var) and producer.get(v) in streamed:
+      emit(producer[v], group)
+      for i in sorted(back):  # copies back to host whose values are made
+        if i not in emitted and all(
+            not isinstance(u, jcore.Var) or u not in producer
+            or producer[u] in emitted for u in eqns[i].invars):
+          emit(i, group)
+    if group:
+      groups.append(group)
+  # One leaf ahead: a leaf's fetches are issued before the previous leaf's
+  # update runs. The update is one fusion: what it fetched stays live until
+  # its last value is made (before the copies back to host).
+  fetch = lambda g: [i for i in g if fetches_host_value(eqns[i])]
+  write = lambda g: [i for i in g if i in back]
+  order += fetch(groups[0])
+  held: dict = {}
+  for k, group in enumerate(groups):
+    if k + 1 < len(groups):
+      order += fetch(groups[k + 1])
+    update = [i for i in group if i not in back
+              and not fetches_host_value(eqns[i])]
+    order += update
+    if update:
+      held[update[-1]] = [v for i in fetch(group) for v in eqns[i].outvars]
+    if k:
+      order += write(groups[k - 1])
+  order += write(groups[-1])
+  position = {i: n for n, i in enumerate(order)}
+  return (jaxpr.replace(eqns=[eqns[i] for i in order]),
+          {position[i]: vs for i, vs in held.items()})
