@@ -45,18 +45,24 @@ def define_flags() -> None:
                                 "6144", "8192"], "global batch sizes")
   flags.DEFINE_list("remats", ["none", "full", "dots", "names:qkv,mlp_in"],
                     "remat policies")
+  flags.DEFINE_bool("check_classes", False,
+                    "also trace every mesh and say whether the records equal "
+                    "those read off one trace per class")
 
 
-def bench(spec, cache_dir: str | None = None) -> dict:
+def bench(spec, cache_dir: str | None = None, share_traces: bool = True
+          ) -> dict:
   from simulator import search
   from simulator.cache import Cache
   start = time.perf_counter()
-  sweep = search.Sweep(spec, cache=Cache(cache_dir))
+  sweep = search.Sweep(spec, cache=Cache(cache_dir), share_traces=share_traces)
   configs = spec.configs(sweep.topo)
   records = list(sweep.evaluate(configs))
   total = time.perf_counter() - start
   ok = [r for r in records if r["status"] == "ok"]
-  return {"configs": len(records), "ok": len(ok), "failed": len(records) - len(ok),
+  return {"records": [{k: v for k, v in r.items() if k != "eval_s"}
+                      for r in records],
+          "configs": len(records), "ok": len(ok), "failed": len(records) - len(ok),
           "traces": sweep.traces, "read_off": sweep.read_off,
           "total_s": total,
           "per_config_ms": 1e3 * total / len(records),
@@ -82,6 +88,12 @@ def main(argv) -> None:
         f"{r['slowest_config_ms']:.0f} ms: a config that traces)", flush=True)
   _target("in-process, no cache", r["per_config_ms"], TARGETS["per_config_ms"],
           "ms per config")
+  if FLAGS.check_classes:
+    every = bench(spec, share_traces=False)
+    print(f"every mesh traced: {every['traces']} traces, "
+          f"{every['total_s']:.2f} s; the same records: "
+          f"{'yes' if every['records'] == r['records'] else 'NO'}",
+          flush=True)
   with tempfile.TemporaryDirectory() as tmp:
     cache = os.path.join(tmp, "cache")
     bench(spec, cache)

@@ -182,15 +182,18 @@ class Sweep:
   """Evaluates configs, tracing once per trace key; `evaluate` yields records."""
 
   def __init__(self, spec: SweepSpec, cfg: ModelConfig | None = None,
-               topo: Topology | None = None, cache: Cache | None = None):
+               topo: Topology | None = None, cache: Cache | None = None,
+               share_traces: bool = True):
+    """share_traces=False traces every mesh (to check the classes)."""
     if cfg is None or topo is None:
       cfg, topo = spec.validate()
     self.spec, self.cfg, self.topo = spec, cfg, topo
+    self.share_traces = share_traces
     self.cache = cache or Cache(None)
     self._estimators: dict[tuple, Any] = {}
     self._build_errors: dict[tuple, str] = {}
-    # (remat, shard, optimizer, class key) -> (traced step, its plan)
-    self._classes: dict[tuple, tuple] = {}
+    # (remat, shard, optimizer, class key) -> [(traced step, its plan)]
+    self._classes: dict[tuple, list] = {}
     self.traces = 0  # steps traced
     self.read_off = 0  # (mesh, remat, ...) groups read off a class's trace
 
@@ -224,23 +227,24 @@ class Sweep:
 
   def _estimate(self, c: Config, plan: MeshPlan,
                 settings: TrainSettings) -> _Estimator:
-    """Read off the trace of a mesh of the same structural class
-    (simulator.mesh_class) when there is one and the mesh is provably in
-    it; else traced, and kept for the class."""
+    """Read off a trace of a mesh of the same structural class
+    (simulator.mesh_class) when the mesh is provably in its class; else
+    traced, and kept for the class too (a trace whose shard_map dims are
+    ambiguous cannot be read at some meshes that another can)."""
     group = (c.remat, c.shard, c.optimizer,
-             mesh_class.class_key(self.cfg, settings, plan))
-    if group in self._classes:
-      traced, traced_plan = self._classes[group]
+             mesh_class.class_key(self.cfg, settings, plan)
+             if self.share_traces else (c.X, c.Y))
+    for traced, traced_plan in self._classes.get(group, ()):
       try:
         resize = mesh_class.resize_for(traced.jaxpr, traced_plan, plan)
         estimator = _Estimator(self.cfg, traced, plan, settings, resize)
-        self.read_off += 1
-        return estimator
       except mesh_class.NotInClass:
-        pass
+        continue
+      self.read_off += 1
+      return estimator
     traced = trace_probe(self.cfg, settings, abstract_mesh(plan))
     self.traces += 1
-    self._classes.setdefault(group, (traced, plan))
+    self._classes.setdefault(group, []).append((traced, plan))
     return _Estimator(self.cfg, traced, plan, settings)
 
   def evaluate_one(self, c: Config) -> dict[str, Any]:

@@ -130,7 +130,7 @@ def test_what_cannot_be_read_off_is_not_in_the_class():
     resize.local_shape((7,))
 
 
-def test_the_sweep_traces_once_per_class_with_the_same_records(monkeypatch):
+def test_the_sweep_traces_once_per_class_with_the_same_records():
   cfg = _model("tiny", n_heads=16, n_kv_heads=16, **_DIMS)
   spec = search.SweepSpec(model="tiny", topology="v5p-32", batches=(16, 32),
                           remats=("full", "none"), seq=128)
@@ -139,9 +139,7 @@ def test_the_sweep_traces_once_per_class_with_the_same_records(monkeypatch):
                       for r in rs]
   sweep = search.Sweep(spec, cfg, topo)
   once = strip(sweep.evaluate(spec.configs(topo)))
-  monkeypatch.setattr(mesh_class, "class_key",
-                      lambda cfg, settings, plan: (plan.X, plan.Y))
-  every = search.Sweep(spec, cfg, topo)
+  every = search.Sweep(spec, cfg, topo, share_traces=False)
   each = strip(every.evaluate(spec.configs(topo)))
   assert once == each
   assert sum(r["status"] == "ok" for r in once) == 20  # 5 meshes x 2 x 2
