@@ -24,16 +24,19 @@ that costs ~50 ms per mesh against ~0.5 s per trace (llama2_70b).
 
 The mesh is refused (`NotInClass`: trace it instead) wherever that could
 fail: a sharded dim the target's axes do not divide (the real trace raises a
-PlanError there); a dim sharded over two axes (JAX's reshape sharding rule,
-lax.split_partitions, places the second axis by the sizes; the model's rules
-never shard a dim over two, and JAX's shard_map residuals, which are, are
-read off the shard_map's body: `Resize.tiled`); a shard_map body dim (a
-per-device size already, inside the body) that matches no per-device dim of
-the body's operands, or two that differ at the target (seq 4096 and d_model
-8192 over Y=2). tests/test_mesh_class.py holds the figures read off a
-class's trace equal to real traces' at every other mesh of the class, and
-shows that across classes they differ (an axis of size 1: an MQA model's
-collectives; kv heads replicated or not).
+PlanError there); a dim sharded over X and Y together whose per-device size
+is not a shard_map body's (the model's rules never shard a dim over two
+axes, and JAX's reshape sharding rule, lax.split_partitions, places the
+second by the sizes; but JAX stacks a shard_map's residuals over every axis
+they vary on: over X and Y, the body's dim is read; over one axis, the
+result's whole per-device shape is its body's, `Resize.tiled`, and a
+residual of the step's saved-residual trace not seen there is refused);
+a shard_map body dim (a per-device size already, inside the body) that
+matches no per-device dim of the body's operands, or two that differ at the
+target (seq 4096 and d_model 8192 over Y=2). tests/test_mesh_class.py holds
+the figures read off a class's trace equal to real traces' at every other
+mesh of the class, and shows that across classes they differ (an axis of
+size 1: an MQA model's collectives; kv heads replicated or not).
 """
 
 from __future__ import annotations
@@ -42,11 +45,14 @@ import contextlib
 import contextvars
 import dataclasses
 import math
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from meshes.layout import AXIS_NAMES, MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from simulator.settings import TrainSettings
+
+if TYPE_CHECKING:  # simulator.trace imports simulator.step, which imports this
+  from simulator.trace import Traced
 
 
 class NotInClass(ValueError):
@@ -70,7 +76,7 @@ def _spec_key(spec) -> tuple:
 class Resize:
   """Per-device sizes at the `target` mesh of a program traced at `traced`
   (both {axis: size}); `local`: a shard_map body's per-device dims at the
-  traced mesh -> at the target (None: two that differ there); `tiled`:
+  traced mesh -> at the target (None: two that differ there); `tiled`: the
   shard_map results whose global shape depends on the mesh."""
 
   traced: dict
@@ -83,8 +89,8 @@ class Resize:
     if dim % n:
       raise NotInClass(f"dim {dim} over {axes}: not divisible at "
                        f"{self.target}")
-    if len(axes) > 1:
-      raise NotInClass(f"dim {dim} over {axes}: sharded over two axes")
+    if len(axes) > 1:  # X and Y: a shard_map residual (the module doc)
+      return self.local_shape((dim // math.prod(self.traced.values()),))[0]
     return dim // n
 
   def shard_shape(self, shape, spec) -> tuple[int, ...]:
@@ -136,11 +142,11 @@ def local_shape(shape) -> tuple[int, ...]:
 
 def _shard_map_dims(jaxpr, resize: Resize) -> None:
   """Fill `resize.local` (body dim at the traced mesh -> at the target) from
-  every shard_map's operands, in program order, and `resize.tiled` from its
-  results: a result whose per-device shape read off its global shape differs
-  from its body's (a residual JAX stacks over the axes it varies on, global
-  dim = per-device dim x their sizes: a global shape that depends on the
-  mesh) is given its body's."""
+  every shard_map's operands, and `resize.tiled` from its results: one
+  whose per-device shape read off its global shape is not its body's (a
+  residual JAX stacks over the one axis it varies on: global dim = body dim
+  x that axis's size, a global shape that depends on the mesh) is given its
+  body's."""
   from simulator.program import subjaxprs
   local = resize.local
   for eqn in jaxpr.eqns:
@@ -156,13 +162,9 @@ def _shard_map_dims(jaxpr, resize: Resize) -> None:
           local[d0] = d if local.get(d0, d) == d else None
       for inner, outer, spec in zip(body.outvars, eqn.outvars,
                                     eqn.params["out_specs"]):
-        key = (tuple(outer.aval.shape), _spec_key(spec))
         mine = resize.local_shape(inner.aval.shape)
-        try:
-          read = resize.shard_shape(outer.aval.shape, spec)
-        except NotInClass:
-          read = None
-        if read != mine:
+        if resize.shard_shape(outer.aval.shape, spec) != mine:
+          key = (tuple(outer.aval.shape), _spec_key(spec))
           if resize.tiled.get(key, mine) != mine:
             raise NotInClass(f"shard_map result {key}: ambiguous")
           resize.tiled[key] = mine
@@ -170,14 +172,23 @@ def _shard_map_dims(jaxpr, resize: Resize) -> None:
       _shard_map_dims(sub, resize)
 
 
-def resize_for(jaxpr, traced: MeshPlan, target: MeshPlan) -> Resize | None:
-  """The resize from the mesh `jaxpr` was traced on to `target` (None: the
-  same mesh); NotInClass where a shard_map body cannot be resized."""
-  if (traced.X, traced.Y) == (target.X, target.Y):
+def resize_for(traced: Traced, traced_plan: MeshPlan,
+               target: MeshPlan) -> Resize | None:
+  """The resize from the mesh `traced` was traced on to `target` (None: the
+  same mesh); NotInClass where a shard_map body cannot be resized, or a
+  residual a shard_map made (its global shape may be its body's times the
+  sizes of the axes it varies on) is not read off a body: only the
+  residuals stacked over every axis are (`Resize._divided`)."""
+  if (traced_plan.X, traced_plan.Y) == (target.X, target.Y):
     return None
   sizes = lambda p: dict(zip(AXIS_NAMES, (p.X, p.Y)))
-  resize = Resize(sizes(traced), sizes(target), {}, {})
-  _shard_map_dims(getattr(jaxpr, "jaxpr", jaxpr), resize)
+  resize = Resize(sizes(traced_plan), sizes(target), {}, {})
+  _shard_map_dims(traced.jaxpr.jaxpr, resize)
+  for r in traced.residuals:  # made in a trace of their own
+    spec = _spec_key(getattr(r.aval.sharding, "spec", ()))
+    if (r.op == "shard_map" and any(len(axes) == 1 for axes in spec)
+        and (tuple(r.aval.shape), spec) not in resize.tiled):
+      raise NotInClass(f"{r.name}: a shard_map residual over one axis")
   return resize
 
 

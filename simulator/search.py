@@ -236,7 +236,7 @@ class Sweep:
              if self.share_traces else (c.X, c.Y))
     for traced, traced_plan in self._classes.get(group, ()):
       try:
-        resize = mesh_class.resize_for(traced.jaxpr, traced_plan, plan)
+        resize = mesh_class.resize_for(traced, traced_plan, plan)
         estimator = _Estimator(self.cfg, traced, plan, settings, resize)
       except mesh_class.NotInClass:
         continue
