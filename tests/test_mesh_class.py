@@ -151,3 +151,19 @@ def test_the_sweep_traces_once_per_class_with_the_same_records():
   assert sum(r["status"] == "ok" for r in once) == 20  # 5 meshes x 2 x 2
   assert (every.traces, every.read_off) == (10, 0)
   assert sweep.traces + sweep.read_off == 10 and sweep.read_off >= 2
+
+
+def test_an_axis_of_size_one_is_a_class_of_its_own():
+  """Read at 16x1, the MQA model's 8x2 trace gives other collectives than
+  its own trace at 16x1: JAX's program differs where Y has size 1."""
+  cfg, topology, kw = CASES[4]
+  assert cfg.n_kv_heads == 1
+  topo = parse_topology(topology)
+  settings = TrainSettings(**{"batch": 8, "seq": 128, **kw})
+  (p0, t0), (p, t) = [
+      (plan, trace_probe(cfg, settings, abstract_mesh(plan)))
+      for plan in (plan_mesh(topo, 8, 2), plan_mesh(topo, 16, 1))]
+  assert (mesh_class.class_key(cfg, settings, p0)
+          != mesh_class.class_key(cfg, settings, p))
+  read = _figures(cfg, settings, t0, p0, p)
+  assert read["program"] != _figures(cfg, settings, t, p, p)["program"]
