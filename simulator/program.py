@@ -33,6 +33,7 @@ from jax.extend import core as jcore
 
 from models import scopes
 from models.scopes import scopes_of
+from simulator import mesh_class
 from simulator.batch_probe import matmul_kind
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
@@ -167,6 +168,9 @@ def subjaxprs(eqn):
 
 
 def _mesh_sizes(closed) -> dict[str, int]:
+  resize = mesh_class.current()  # another mesh of the traced one's class
+  if resize is not None:
+    return dict(resize.target)
   jaxpr = getattr(closed, "jaxpr", closed)
   for v in list(jaxpr.invars) + list(jaxpr.outvars):
     mesh = getattr(getattr(v.aval, "sharding", None), "mesh", None)
@@ -508,14 +512,16 @@ class _Walker:
     if name == "dot_general":
       lhs, rhs = eqn.invars
       (lc, rc), (_, rb) = eqn.params["dimension_numbers"]
-      dims = (*eqn.outvars[0].aval.shape, *(lhs.aval.shape[i] for i in lc))
+      out_shape, lhs_shape, rhs_shape = (
+          mesh_class.local_shape(v.aval.shape)
+          for v in (eqn.outvars[0], lhs, rhs))
+      dims = (*out_shape, *(lhs_shape[i] for i in lc))
       flops = 2 * math.prod(dims)
-      rfree = [d for d in range(len(rhs.aval.shape)) if d not in (*rc, *rb)]
+      rfree = [d for d in range(len(rhs_shape)) if d not in (*rc, *rb)]
       self.dots.append(Dot(flops * ctx["manual_mult"], flops, ctx["mult"],
                            source, ctx["layer"], ctx["phase"], 1, 1, dims,
-                           mxu_dims=(math.prod(lhs.aval.shape[i] for i in lc),
-                                     math.prod(rhs.aval.shape[d]
-                                               for d in rfree))))
+                           mxu_dims=(math.prod(lhs_shape[i] for i in lc),
+                                     math.prod(rhs_shape[d] for d in rfree))))
       return
     kinds = {"psum": "all-reduce", "psum_invariant": "all-reduce",
              "all_gather": "all-gather", "all_gather_invariant": "all-gather",
@@ -527,9 +533,10 @@ class _Walker:
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
     aval = (eqn.outvars[0] if kinds[name] != "reduce-scatter"
             else eqn.invars[0]).aval
-    nbytes = math.prod(aval.shape) * jax.numpy.dtype(aval.dtype).itemsize
+    shape = mesh_class.local_shape(aval.shape)
+    nbytes = math.prod(shape) * jax.numpy.dtype(aval.dtype).itemsize
     for a in axes:
-      self._emit(ctx, kinds[name], a, aval.shape, ((),) * len(aval.shape),
+      self._emit(ctx, kinds[name], a, shape, ((),) * len(shape),
                  aval.dtype, source, data, critical, nbytes=nbytes)
 
 

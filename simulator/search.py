@@ -2,10 +2,12 @@
 
 The expensive part of evaluating a config is tracing the step (~0.4 s for a 70B
 model); everything per batch size is arithmetic. So the step is traced once per
-(mesh, remat, shard, optimizer), at the probe batch (simulator.batch_probe), and
-each batch size rescales that one trace's memory estimate and timing fit. A
-PlanError (raised while building the step: a dimension that Y or X does not
-divide) cannot depend on remat, so it is cached per
+(remat, shard, optimizer) and structural class of meshes (simulator.mesh_class:
+the other meshes of the class are read off that trace at their own sizes, ~50
+ms each, or traced where one is not provably in it), at the probe batch
+(simulator.batch_probe), and each batch size rescales that memory estimate and
+timing fit. A PlanError (raised while building the step: a dimension that Y or
+X does not divide) cannot depend on remat, so it is cached per
 (mesh, shard, optimizer) and the other remat policies fail without retracing.
 
 Estimates come through `_Estimator`, the one adapter onto simulator.memory and
@@ -29,7 +31,7 @@ from models.registry import load_model
 from simulator.cache import Cache
 from simulator.memory.capacity import capacity_bytes
 from simulator.settings import TrainSettings, settings_from
-from simulator import memory, roofline
+from simulator import memory, mesh_class, roofline
 from simulator.step import PlanError
 from simulator.trace import trace_probe
 
@@ -124,20 +126,26 @@ class SweepSpec:
 
 
 class _Estimator:
-  """One traced (mesh, remat, shard, optimizer) group, evaluated at any batch.
+  """One (mesh, remat, shard, optimizer) group, evaluated at any batch.
 
   Memory rescales the traced estimate (MemoryEstimate.at_batch); timing reads
   every term as fixed or linear in tokens off the same probe-batch trace.
+  `resize`: the step was traced on another mesh of `plan`'s structural class
+  (simulator.mesh_class); the estimators read it at `plan`'s sizes.
   """
 
-  def __init__(self, cfg, traced, plan, settings):
-    self.mesh_model = roofline.fit_mesh(cfg, settings, plan, traced=traced)
+  def __init__(self, cfg, traced, plan, settings,
+               resize: mesh_class.Resize | None = None):
+    self.resize = resize
+    with mesh_class.resized(resize):
+      self.mesh_model = roofline.fit_mesh(cfg, settings, plan, traced=traced)
+      self.base_memory = memory.estimate_memory(traced, plan)
     self.hardware = roofline.Hardware.for_plan(plan)
-    self.base_memory = memory.estimate_memory(traced, plan)
     self.seq = settings.seq
 
   def at(self, batch: int) -> dict[str, Any]:
-    est = self.base_memory.at_batch(batch)
+    with mesh_class.resized(self.resize):  # what is live at the peak
+      est = self.base_memory.at_batch(batch)
     live = {**est.at_peak, "overhead": est.per_device_bytes["overhead"]}
     tokens = batch * self.seq
     step = roofline.step_estimate(self.mesh_model, tokens, self.hardware)
@@ -174,13 +182,20 @@ class Sweep:
   """Evaluates configs, tracing once per trace key; `evaluate` yields records."""
 
   def __init__(self, spec: SweepSpec, cfg: ModelConfig | None = None,
-               topo: Topology | None = None, cache: Cache | None = None):
+               topo: Topology | None = None, cache: Cache | None = None,
+               share_traces: bool = True):
+    """share_traces=False traces every mesh (to check the classes)."""
     if cfg is None or topo is None:
       cfg, topo = spec.validate()
     self.spec, self.cfg, self.topo = spec, cfg, topo
+    self.share_traces = share_traces
     self.cache = cache or Cache(None)
     self._estimators: dict[tuple, Any] = {}
     self._build_errors: dict[tuple, str] = {}
+    # (remat, shard, optimizer, class key) -> [(traced step, its plan)]
+    self._classes: dict[tuple, list] = {}
+    self.traces = 0  # steps traced
+    self.read_off = 0  # (mesh, remat, ...) groups read off a class's trace
 
   def cache_key(self, c: Config, kind: str) -> str:
     """Everything a config's record (or its compile) is a function of."""
@@ -203,14 +218,34 @@ class Sweep:
         settings = self.spec.settings(c.X, c.remat, c.shard, c.optimizer)
         try:
           with _gc_paused():
-            traced = trace_probe(self.cfg, settings, abstract_mesh(plan))
-            self._estimators[c.trace_key] = _Estimator(self.cfg, traced, plan,
-                                                       settings)
+            self._estimators[c.trace_key] = self._estimate(c, plan, settings)
         except ValueError as e:
           if isinstance(e, PlanError):
             self._build_errors[build_key] = str(e)
           self._estimators[c.trace_key] = e
     return self._estimators[c.trace_key]
+
+  def _estimate(self, c: Config, plan: MeshPlan,
+                settings: TrainSettings) -> _Estimator:
+    """Read off a trace of a mesh of the same structural class
+    (simulator.mesh_class) when the mesh is provably in its class; else
+    traced, and kept for the class too (a trace whose shard_map dims are
+    ambiguous cannot be read at some meshes that another can)."""
+    group = (c.remat, c.shard, c.optimizer,
+             mesh_class.class_key(self.cfg, settings, plan)
+             if self.share_traces else (c.X, c.Y))
+    for traced, traced_plan in self._classes.get(group, ()):
+      try:
+        resize = mesh_class.resize_for(traced, traced_plan, plan)
+        estimator = _Estimator(self.cfg, traced, plan, settings, resize)
+      except mesh_class.NotInClass:
+        continue
+      self.read_off += 1
+      return estimator
+    traced = trace_probe(self.cfg, settings, abstract_mesh(plan))
+    self.traces += 1
+    self._classes.setdefault(group, []).append((traced, plan))
+    return _Estimator(self.cfg, traced, plan, settings)
 
   def evaluate_one(self, c: Config) -> dict[str, Any]:
     """The config's record: from the cache, or evaluated (and kept)."""

@@ -23,6 +23,7 @@ from models.config import ModelConfig
 from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, expert_rules, rules_for
 from models.transformer import RESIDUAL
+from simulator import mesh_class
 from simulator.optimizers import PRECISION, make_optimizer
 from simulator.settings import TrainSettings
 
@@ -98,6 +99,9 @@ def device_shape(x) -> tuple[int, ...]:
   sharding = getattr(x, "sharding", None)
   if sharding is None or not hasattr(sharding, "shard_shape"):
     return tuple(x.shape)
+  resize = mesh_class.current()  # another mesh of the traced one's class
+  if resize is not None and hasattr(sharding, "spec"):
+    return resize.shard_shape(tuple(x.shape), sharding.spec)
   return tuple(sharding.shard_shape(tuple(x.shape)))
 
 

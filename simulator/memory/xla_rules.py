@@ -119,6 +119,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from models import scopes
+from simulator import mesh_class
 from simulator.batch_probe import carries_batch, matmul_kind
 from simulator.memory.tiling import TILE_MINOR
 from simulator.program import subjaxprs
@@ -135,7 +136,7 @@ _REDUCE_OPS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
 
 def shape_of(aval, local: bool) -> tuple[int, ...]:
   """Per-device shape (inside a shard_map body, avals already are)."""
-  return tuple(aval.shape) if local else device_shape(aval)
+  return mesh_class.local_shape(aval.shape) if local else device_shape(aval)
 
 
 def on_host(aval) -> bool:
