@@ -63,29 +63,15 @@ def test_decode_step_traced_at_a_mesh():
   assert "dynamic_update_slice" in inner
 
 
-def test_batch_not_divisible_by_x_is_a_plan_error():
-  with pytest.raises(PlanError, match="sharded over X=4, which does not "
-                     "divide it"):
-    build_serve_steps(load_model("tiny"), ServeSettings(batch=6, prompt=8,
-                                                        generate=8),
-                      _mesh("v5p-8", 4, 1))
-
-
-def test_learned_positions_bound_prompt_plus_generate():
-  with pytest.raises(ValueError, match="1000 \\+ 100 = 1100 exceeds gpt2's "
-                     "1024 learned positions"):
-    build_serve_steps(load_model("gpt2"), ServeSettings(batch=4, prompt=1000,
-                                                        generate=100),
-                      _mesh("v5p-8", 4, 1))
-
-
-def test_a_model_without_attention_has_no_cache():
-  with pytest.raises(ValueError, match="no KV cache"):
-    build_serve_steps(load_model("xxl_ffn"), ServeSettings(),
-                      _mesh("v5p-8", 4, 1))
-
-
-def test_an_encoder_decoder_is_refused_in_one_line():
-  with pytest.raises(ValueError, match="'t5_3b' is an encoder-decoder"):
-    build_serve_steps(load_model("t5_3b"), ServeSettings(),
+@pytest.mark.parametrize("model,serve,error,message", [
+    ("tiny", dict(batch=6, prompt=8, generate=8), PlanError,
+     "sharded over X=4, which does not divide it"),
+    ("gpt2", dict(batch=4, prompt=1000, generate=100), ValueError,
+     "1000 \\+ 100 = 1100 exceeds gpt2's 1024 learned positions"),
+    ("xxl_ffn", {}, ValueError, "no KV cache"),  # no attention
+    ("t5_3b", {}, ValueError, "'t5_3b' is an encoder-decoder"),
+])
+def test_what_cannot_be_served_is_refused(model, serve, error, message):
+  with pytest.raises(error, match=message):
+    build_serve_steps(load_model(model), ServeSettings(**serve),
                       _mesh("v5p-8", 4, 1))
