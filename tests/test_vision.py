@@ -2,6 +2,7 @@
 trained tower, its layout over the mesh, one-line errors."""
 
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -14,6 +15,7 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from meshes.layout import plan_mesh
 from meshes.topology import parse_topology
+from models.hf_config import from_hf_config
 from models.params import abstract_params, module_class, num_params
 from models.presets import PRESETS
 from models.vision import at_resolution, image_tokens
@@ -160,3 +162,37 @@ def test_inference_report_refuses_a_vision_language_model():
       2, "error: model 'tiny_vlm' is a vision-language model; serving with a"
       " KV cache is built for text decoders (its language model's config "
       "serves)")
+
+
+LLAVA_JSON = os.path.join(ROOT, "models", "configs", "llava-1.5-7b-hf.json")
+
+
+def test_llava_config_json_is_the_preset():
+  """llava-hf/llava-1.5-7b-hf's config.json names only what differs from
+  HF's LlamaConfig and CLIPVisionConfig defaults; read with them it is the
+  preset."""
+  cfg = from_hf_config(LLAVA_JSON)
+  assert dataclasses.replace(cfg, name="llava_1_5_7b") == PRESETS[
+      "llava_1_5_7b"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"vision_feature_select_strategy": "full"},
+     "vision_feature_select_strategy='full' is not supported; valid: "
+     "default"),
+    ({"text_config": {"model_type": "mistral"}},
+     "text_config.model_type='mistral' is not supported; valid: llama"),
+    ({"vision_config": {"model_type": "clip_vision_model", "image_size": 100,
+                        "patch_size": 14}},
+     "image_size=100 is not a multiple of patch_size=14"),
+    ({"vision_config": None}, "a llava config.json needs text_config and "
+     "vision_config objects"),
+])
+def test_bad_llava_config_json_is_one_line(tmp_path, change, message):
+  with open(LLAVA_JSON) as f:
+    raw = {**json.load(f), **change}
+  path = tmp_path / "llava.json"
+  path.write_text(json.dumps(raw))
+  with pytest.raises(ValueError, match=message) as e:
+    from_hf_config(str(path))
+  assert "\n" not in str(e.value)
