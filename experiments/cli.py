@@ -62,6 +62,7 @@ def define_train_flags() -> None:
                        "compute logits and loss in this many sequence chunks")
   define_moe_flags()
   define_finetune_flags()
+  define_vision_flags()
 
 
 def define_worker_flags() -> None:
@@ -94,6 +95,23 @@ def define_moe_flags() -> None:
                     "mixture of experts: none = experts laid out like a dense"
                     " MLP (no all-to-all); x = experts split over X, tokens "
                     "moved to them by all-to-all over X")
+
+
+def define_vision_flags() -> None:
+  """--images_per_sample, --image_size, --patch_size, --train_vision (a
+  vision-language model's images; a text model refuses them)."""
+  d = S.TrainSettings()
+  flags.DEFINE_integer("images_per_sample", d.images_per_sample,
+                       "vision-language model: images per sequence, each "
+                       "(image_size/patch_size)^2 tokens before the text; 0: "
+                       "one")
+  flags.DEFINE_integer("image_size", d.image_size, "vision-language model: "
+                       "image side in pixels; 0: the model's")
+  flags.DEFINE_integer("patch_size", d.patch_size, "vision-language model: "
+                       "patch side in pixels; 0: the model's")
+  flags.DEFINE_boolean("train_vision", d.train_vision, "vision-language "
+                       "model: train the vision tower too (default: frozen, "
+                       "as LLaVA-1.5; the projector and LM train)")
 
 
 def define_finetune_flags() -> None:
@@ -267,8 +285,13 @@ def model_and_plan():
   return cfg, plan_mesh(topology, x, y)
 
 
-def settings_line(name: str, settings: S.TrainSettings) -> str:
-  """One line naming the model and every train setting, for report headers."""
+def settings_line(name: str, settings: S.TrainSettings, cfg=None) -> str:
+  """One line naming the model and every train setting, for report headers;
+  given a vision-language model's config, the tokens its LM sees."""
+  from models.vision import tokens_line
+  from simulator.step import with_images
+  if cfg is not None:
+    cfg = with_images(cfg, settings)
   return (f"{name}: batch {settings.batch} x seq {settings.seq}" + (
               f" (decoder {settings.target_seq})" if settings.target_seq
               else "") + ", remat "
@@ -282,4 +305,7 @@ def settings_line(name: str, settings: S.TrainSettings) -> str:
               f"{','.join(settings.lora_targets)}" if settings.lora_rank else "")
           + (f", base {settings.base_quant}" if settings.base_quant != "none"
              else "") + (f", {'+'.join(settings.offload)} offloaded to host"
-                         if settings.offload else ""))
+                         if settings.offload else "")
+          + (tokens_line(cfg, settings.seq, settings.images,
+                         settings.train_vision)
+             if cfg is not None and cfg.vision else ""))

@@ -124,7 +124,7 @@ def main(argv):
                       "gpu_memory": budget.to_json() if budget else None},
                      indent=1))
   else:
-    header = f"{cli.settings_line(cfg.name, settings)}\n{plan.describe()}"
+    header = f"{cli.settings_line(cfg.name, settings, cfg)}\n{plan.describe()}"
     if replicated:
       header += "\n" + kv_heads_note(cfg, plan.Y)
     if settings.lora_rank:

@@ -66,6 +66,7 @@ def define_flags() -> None:
   flags.DEFINE_enum("precision", "mixed", list(S.PRECISIONS), "precision")
   cli.define_moe_flags()
   cli.define_finetune_flags()
+  cli.define_vision_flags()
   flags.DEFINE_integer("top_k", 3, "confirm this many best plans by compiling; 0: none")
   flags.DEFINE_bool("resume", False, "continue the latest LOGDIR/RUN* folder")
   flags.DEFINE_bool("progress", True, "progress bars on stderr")
@@ -105,7 +106,9 @@ def spec_from_flags():
       grad_accum=FLAGS.grad_accum, lora_rank=FLAGS.lora_rank,
       lora_targets=tuple(FLAGS.lora_targets), base_quant=FLAGS.base_quant,
       offload=tuple(FLAGS.offload), moe_dispatch=FLAGS.moe_dispatch,
-      capacity_factor=FLAGS.capacity_factor, expert_axis=FLAGS.expert_axis)
+      capacity_factor=FLAGS.capacity_factor, expert_axis=FLAGS.expert_axis,
+      images_per_sample=FLAGS.images_per_sample, image_size=FLAGS.image_size,
+      patch_size=FLAGS.patch_size, train_vision=FLAGS.train_vision)
 
 
 def run_dir_for(logdir: str, name: str, resume: bool) -> str:
@@ -125,7 +128,8 @@ RUN_SETTINGS = "run.json"  # what a run's results depend on, for --resume
 _IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
              "precision", "grad_accum", "lora_rank", "lora_targets",
              "base_quant", "offload", "moe_dispatch", "capacity_factor",
-             "expert_axis")
+             "expert_axis", "images_per_sample", "image_size", "patch_size",
+             "train_vision")
 
 
 def check_run_settings(run_dir: str, spec) -> None:

@@ -184,7 +184,7 @@ def main(argv):
   if FLAGS.format == "json":
     print(json.dumps(result, indent=1, default=str))
   else:
-    header = (f"{cli.settings_line(cfg.name, settings)}\nmesh {x}x{y} on "
+    header = (f"{cli.settings_line(cfg.name, settings, cfg)}\nmesh {x}x{y} on "
               f"{topology.describe()}; compiled for "
               f"{target or FLAGS.topology} (jax {jax.__version__})")
     print(render(result, header))

@@ -30,7 +30,7 @@ DEFAULT_SETTINGS = (("shard", "zero3"), ("precision", "mixed"),
                     ("attention", "flash"), ("loss_chunks", 1),
                     ("grad_accum", 1), ("lora_rank", 0), ("base_quant", "none"),
                     ("offload", ()), ("target_seq", 0), ("capacity_factor", 1.0),
-                    ("expert_axis", "none"))
+                    ("expert_axis", "none"), ("train_vision", False))
 GEMMA_2B = "models/configs/gemma-2b.json"
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
 T5_V1_1_SMALL = "models/configs/t5-v1_1-small.json"
@@ -60,6 +60,7 @@ class Case:
   target_seq: int = 0  # an encoder-decoder's decoder length
   capacity_factor: float = 1.0  # mixture of experts only
   expert_axis: str = "none"
+  train_vision: bool = False  # a vision-language model's tower trained
 
   def settings(self) -> TrainSettings:
     return settings_from(dataclasses.asdict(self))
@@ -211,4 +212,16 @@ CASES: list[Case] = [
     # moment is dequantized, updated and requantized; and a small model.
     Case("llama2_7b", "v5p-8", "2x2", 8, 2048, "full", "adamw_8bit", C),
     Case("gpt2", "v5p-8", "4x1", 16, 512, "full", "adamw_8bit", C),
+    # Vision-language (models.vision, LLaVA-1.5's layout at llava_mini's
+    # size): one 224 px image (256 tokens) before 768 text tokens; the
+    # tower frozen as LLaVA-1.5 keeps it, then trained under TP; a chunked
+    # loss, as the MoE rows, so the layers and not the 32064-wide logits
+    # set the peak (unchunked, XLA made the output projection's gradient
+    # first, the deferred-gradient rule's upper bound held it: README).
+    Case("llava_mini", "v5p-8", "4x1", 16, 768, "full", "adamw", C,
+         loss_chunks=4),
+    Case("llava_mini", "v5p-8", "2x2", 16, 768, "full", "adamw", C,
+         loss_chunks=4, train_vision=True),
+    Case("llava_mini", "v5p-8", "2x2", 16, 768, "full", "adamw", C,
+         loss_chunks=4),
 ]

@@ -58,6 +58,16 @@ class ModelConfig:
   shared_expert_d_ff: int = 0
   router_renormalize: bool = True  # top-k weights summed to 1 (Mixtral)
   router_aux_loss_coef: float = 0.01  # load-balancing loss weight
+  # Vision-language (models.vision, LLaVA-style): vision_layers > 0 adds a
+  # ViT over image patches (CLIP's layout: a class token, learned positions,
+  # pre-norm LayerNorm blocks with biases, GELU MLP) and a 2-layer GELU
+  # projector into d_model; the LM runs over [image tokens; text tokens].
+  vision_layers: int = 0
+  vision_d_model: int = 0
+  vision_d_ff: int = 0
+  vision_heads: int = 0
+  image_size: int = 0  # pixels per side
+  patch_size: int = 0  # pixels per patch side
 
   @property
   def encoder_decoder(self) -> bool:
@@ -66,6 +76,10 @@ class ModelConfig:
   @property
   def moe(self) -> bool:
     return self.n_experts > 0
+
+  @property
+  def vision(self) -> bool:
+    return self.vision_layers > 0
 
   def __post_init__(self):
     if not isinstance(self.n_experts, int) or self.n_experts < 0:
@@ -93,6 +107,12 @@ class ModelConfig:
                        f"multiple of n_kv_heads={self.n_kv_heads}")
     if self.moe:
       self._check_moe()
+    if not isinstance(self.vision_layers, int) or self.vision_layers < 0:
+      raise ValueError(f"model {self.name!r}: vision_layers="
+                       f"{self.vision_layers!r} must be an integer >= 0 (0: "
+                       "no vision tower)")
+    if self.vision:
+      self._check_vision()
     if self.parallel_block and not self.attention:
       raise ValueError(f"model {self.name!r}: parallel_block needs attention")
     if not isinstance(self.encoder_layers, int) or self.encoder_layers < 0:
@@ -115,6 +135,26 @@ class ModelConfig:
                        f"above half of it")
     if self.tie_embeddings and not self.embeddings:
       raise ValueError(f"model {self.name!r}: tie_embeddings needs embeddings")
+
+  def _check_vision(self) -> None:
+    for field in ("vision_d_model", "vision_d_ff", "vision_heads",
+                  "image_size", "patch_size"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"model {self.name!r}: {field}={value!r} must be a "
+                         f"positive integer with vision_layers="
+                         f"{self.vision_layers}")
+    if self.image_size % self.patch_size:
+      raise ValueError(f"model {self.name!r}: image_size={self.image_size} is "
+                       f"not a multiple of patch_size={self.patch_size}; "
+                       "choose a patch size dividing the image side")
+    if self.vision_d_model % self.vision_heads:
+      raise ValueError(f"model {self.name!r}: vision_d_model="
+                       f"{self.vision_d_model} is not a multiple of "
+                       f"vision_heads={self.vision_heads}")
+    if self.encoder_decoder or not (self.attention and self.embeddings):
+      raise ValueError(f"model {self.name!r}: a vision tower goes with a "
+                       "decoder-only LM with attention and embeddings")
 
   def _check_moe(self) -> None:
     for field in ("experts_per_token", "expert_d_ff"):

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 
 from models.config import ModelConfig
 
-FAMILIES = ("llama", "mistral", "qwen2", "gemma", "mixtral", "qwen2_moe", "t5")
+FAMILIES = ("llama", "mistral", "qwen2", "gemma", "mixtral", "qwen2_moe", "t5",
+            "llava")
+# What HF's LlamaConfig and CLIPVisionConfig give a key a LLaVA config.json
+# leaves out (llava-hf/llava-1.5-7b-hf names only the keys that differ).
+LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096,
+                  "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "max_position_embeddings": 2048,
+                  "rms_norm_eps": 1e-6}
+CLIP_VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072,
+                        "num_hidden_layers": 12, "num_attention_heads": 12,
+                        "image_size": 224, "patch_size": 32,
+                        "num_channels": 3}
 # T5's feed_forward_proj (HF T5Config) → ModelConfig.mlp; "gated-gelu" is
 # v1.1's (HF runs it with gelu_new, the tanh approximation, as jax.nn.gelu).
 T5_MLPS = {"relu": "relu", "gelu": "gelu", "gated-gelu": "geglu"}
@@ -21,7 +33,8 @@ _SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers",
           "max_position_embeddings", "d_model", "d_kv", "d_ff", "num_layers",
           "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
           "relative_attention_max_distance", "n_positions", "num_local_experts",
-          "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+          "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+          "image_size", "patch_size")
 
 
 def _require(raw: dict, key: str, path: str):
@@ -108,6 +121,14 @@ def from_hf_config(path: str) -> ModelConfig:
   _check_sizes(raw, path)
   if family == "t5":
     return _t5(raw, path)
+  if family == "llava":
+    return _llava(raw, path)
+  return _decoder(raw, family, path)
+
+
+def _decoder(raw: dict, family: str, path: str) -> ModelConfig:
+  """A decoder-only LM's config.json (llama, mistral, qwen2, gemma, the
+  mixtures of experts)."""
   get = lambda key: _require(raw, key, path)
   d_model, n_heads = get("hidden_size"), get("num_attention_heads")
   if not all(isinstance(v, int) and v > 0 for v in (d_model, n_heads)):
@@ -140,6 +161,43 @@ def from_hf_config(path: str) -> ModelConfig:
       rope_theta=float(raw.get("rope_theta") or 10000.0),
       embed_scale=gemma,
   )
+
+
+def _llava(raw: dict, path: str) -> ModelConfig:
+  """A LLaVA config.json (HF LlavaConfig): a llama `text_config` and a CLIP
+  `vision_config` (their keys left out take HF's defaults), the patch
+  features without the class token (`vision_feature_select_strategy:
+  default`) through a GELU projector (models.vision)."""
+  text, vision = (raw.get(k) for k in ("text_config", "vision_config"))
+  if not (isinstance(text, dict) and isinstance(vision, dict)):
+    raise ValueError(f"{path}: a llava config.json needs text_config and "
+                     "vision_config objects")
+  checks = (("text_config.model_type", text.get("model_type", "llama"),
+             ("llama",)),
+            ("vision_config.model_type", vision.get("model_type"),
+             ("clip_vision_model",)),
+            ("vision_feature_select_strategy",
+             raw.get("vision_feature_select_strategy", "default"),
+             ("default",)),
+            ("projector_hidden_act", raw.get("projector_hidden_act", "gelu"),
+             ("gelu",)),
+            ("vision_config.num_channels", vision.get("num_channels", 3),
+             (3,)))
+  for key, value, valid in checks:
+    if value not in valid:
+      raise ValueError(f"{path}: {key}={value!r} is not supported; valid: "
+                       f"{', '.join(map(str, valid))}")
+  text = {**LLAMA_DEFAULTS, **text}
+  vision = {**CLIP_VISION_DEFAULTS, **vision}
+  for part in (text, vision):
+    _check_sizes(part, path)
+  lm = _decoder(text, "llama", path)
+  return dataclasses.replace(
+      lm, vision_layers=vision["num_hidden_layers"],
+      vision_d_model=vision["hidden_size"],
+      vision_d_ff=vision["intermediate_size"],
+      vision_heads=vision["num_attention_heads"],
+      image_size=vision["image_size"], patch_size=vision["patch_size"])
 
 
 def _moe_fields(raw: dict, family: str, path: str) -> dict:

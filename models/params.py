@@ -13,18 +13,26 @@ import jax.numpy as jnp
 from models.config import ModelConfig
 from models.encoder_decoder import EncoderDecoder
 from models.transformer import Decoder
+from models.vision import VisionLanguage
 
 
 def module_class(cfg: ModelConfig) -> type[nn.Module]:
   """The module that runs `cfg`: both take the same attributes and return
   the loss of the batch passed by keyword (`sample_inputs`' keys)."""
+  if cfg.vision:
+    return VisionLanguage
   return EncoderDecoder if cfg.encoder_decoder else Decoder
 
 
 def sample_inputs(cfg: ModelConfig, batch: int = 1, seq: int = 1
                   ) -> dict[str, jax.ShapeDtypeStruct]:
   """Unsharded stand-ins for the model's batch: token ids (an encoder-
-  decoder's decoder ids too), or XXL activations."""
+  decoder's decoder ids too, a vision-language model's one image each), or
+  XXL activations."""
+  if cfg.vision:
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+    return {"inputs": ids, "targets": ids, "images": jax.ShapeDtypeStruct(
+        (batch, 1, cfg.image_size, cfg.image_size, 3), jnp.bfloat16)}
   if cfg.encoder_decoder:
     ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     return {"inputs": ids, "decoder_inputs": ids, "targets": ids}

@@ -11,6 +11,9 @@ _LLAMA2 = dict(vocab_size=32000, max_len=4096, norm_eps=1e-5)
 # 32 relative buckets up to distance 128, eps 1e-6, vocabulary 32128.
 _T5 = dict(vocab_size=32128, norm="rms", positions="relative", mlp="relu",
            tie_embeddings=True, norm_eps=1e-6, max_len=512)
+# CLIP ViT-L/14-336 (HF openai/clip-vit-large-patch14-336's vision_config).
+_CLIP_L_336 = dict(vision_layers=24, vision_d_model=1024, vision_d_ff=4096,
+                   vision_heads=16, image_size=336, patch_size=14)
 _LLAMA3 = dict(vocab_size=128256, max_len=8192, rope_theta=500000.0)
 
 PRESETS: dict[str, ModelConfig] = {
@@ -68,9 +71,27 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("t5_11b", d_model=1024, n_layers=24, encoder_layers=24,
                     d_ff=65536, n_heads=128, n_kv_heads=128, head_dim=128,
                     **_T5),
+        # LLaVA-1.5-7B (HF llava-hf/llava-1.5-7b-hf config.json): Vicuna-7B
+        # v1.5 (Llama-2-7B's shape, vocabulary 32064 with the image and pad
+        # tokens) over CLIP ViT-L/14 at 336 px (24 layers of 1024, 16 heads,
+        # MLP 4096: 576 patches an image) and a 2-layer GELU projector.
+        ModelConfig("llava_1_5_7b", d_model=4096, n_layers=32, d_ff=11008,
+                    n_heads=32, n_kv_heads=32, head_dim=128,
+                    **{**_LLAMA2, "vocab_size": 32064}, **_CLIP_L_336),
+        # LLaVA's layout at compile-test size: a 4-layer ViT of 512 over 224
+        # px images (256 patches of 14) before a 4-layer LM of 1024 (0.13B).
+        ModelConfig("llava_mini", d_model=1024, n_layers=4, d_ff=2816,
+                    n_heads=8, n_kv_heads=8, head_dim=128, vocab_size=32064,
+                    max_len=4096, vision_layers=4, vision_d_model=512,
+                    vision_d_ff=2048, vision_heads=8, image_size=224,
+                    patch_size=14),
         # Small enough to trace and compile in a unit test.
         ModelConfig("tiny", d_model=64, n_layers=2, d_ff=128, n_heads=4,
                     n_kv_heads=2, head_dim=16, vocab_size=256, max_len=128),
+        ModelConfig("tiny_vlm", d_model=64, n_layers=2, d_ff=128, n_heads=4,
+                    n_kv_heads=2, head_dim=16, vocab_size=256, max_len=128,
+                    vision_layers=2, vision_d_model=32, vision_d_ff=64,
+                    vision_heads=2, image_size=32, patch_size=8),
         ModelConfig("tiny_t5", d_model=64, n_layers=2, encoder_layers=2,
                     d_ff=128, n_heads=4, n_kv_heads=4, head_dim=16,
                     **{**_T5, "vocab_size": 256}),

@@ -189,7 +189,11 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: jax.Array, targets: jax.Array | None = None,
-               cache: decode.KVCache | None = None, pos: jax.Array | int = 0):
+               cache: decode.KVCache | None = None, pos: jax.Array | int = 0,
+               prefix_BxPxD: jax.Array | None = None):
+    """prefix_BxPxD: embedded tokens put before the text's (a vision-
+    language model's image tokens, models.vision); the loss reads the text
+    positions only."""
     c = self.cfg
     args = (self.rules, self.dtype, self.param_dtype)
     if c.embeddings:
@@ -200,12 +204,16 @@ class Decoder(nn.Module):
       x = self._embed(table_VxD.astype(self.dtype), inputs, pos)
     else:
       x = activation(inputs.astype(self.dtype), RESIDUAL, self.rules)
+    if prefix_BxPxD is not None:
+      x = jnp.concatenate([prefix_BxPxD.astype(self.dtype), x], axis=1)
     blocks = scanned(Block, c.n_layers, self.remat, in_axes=(0, nn.broadcast))
     with jax.named_scope(scopes.LAYERS):
       x, (aux_L, cache) = blocks(c, self.rules, self.attention, self.dtype,
                                  self.param_dtype, self.lora, self.quant,
                                  self.capacity_factor, name="blocks")(
                                      x, cache, pos)
+    if prefix_BxPxD is not None:
+      x = x[:, prefix_BxPxD.shape[1]:]
     if c.final_norm:
       x = Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                name="final_norm")(activation(x, GATHERED, self.rules))

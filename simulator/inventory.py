@@ -16,13 +16,14 @@ from simulator.settings import TrainSettings
 from simulator.step import (build_step, device_bytes, device_shape,
                             kv_heads_replicated,
                             lay_out_params, make_model, pad_vocab, step_rules,
-                            trainable_paths)
+                            trainable_paths, with_images)
 
 
 def describe_params(cfg: ModelConfig, plan: MeshPlan,
                     settings: TrainSettings = TrainSettings()) -> dict[str, Any]:
   """What `experiments.describe` prints: counts, dtypes, layouts, bytes."""
   mesh = abstract_mesh(plan)
+  cfg = with_images(cfg, settings)
   rules = step_rules(cfg, settings, mesh)[0]
   padded, padding = pad_vocab(cfg, rules, mesh)
   leaves, names = abstract_params(make_model(padded, settings, rules))
@@ -57,8 +58,9 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
       "active_params": num_params - sum(
           math.prod(g["shape"]) for g in groups if "exp" in g["logical_axes"]
       ) * (cfg.n_experts - cfg.experts_per_token) // max(cfg.n_experts, 1),
-      "trainable_params": num_params if not settings.lora_rank else sum(
-          math.prod(leaf.shape) for path, leaf in flat if path in trainable),
+      "trainable_params": num_params if len(trainable) == len(flat) else
+                          sum(math.prod(leaf.shape) for path, leaf in flat
+                              if path in trainable),
       "quantized_base": quantized_base(full, leaves, settings.base_quant),
       "vocab_padding": padding,
       "kv_heads_replicated": kv_heads_replicated(cfg, plan.Y),

@@ -32,7 +32,7 @@ from simulator.cache import Cache
 from simulator.memory.capacity import capacity_bytes
 from simulator.settings import TrainSettings, settings_from
 from simulator import memory, mesh_class, roofline
-from simulator.step import PlanError
+from simulator.step import PlanError, with_images
 from simulator.trace import trace_probe
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer")
@@ -89,6 +89,10 @@ class SweepSpec:
   moe_dispatch: str = "capacity"  # mixture of experts (models.moe)
   capacity_factor: float = 1.0
   expert_axis: str = "none"
+  images_per_sample: int = 0  # a vision-language model's (models.vision)
+  image_size: int = 0
+  patch_size: int = 0
+  train_vision: bool = False
 
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""
@@ -103,6 +107,8 @@ class SweepSpec:
       for s in self.shards:
         for o in self.optimizers:
           self.settings(self.batches[0], r, s, o)  # validates each value
+    with_images(cfg, self.settings(self.batches[0], self.remats[0],
+                                   self.shards[0], self.optimizers[0]))
     for x, y in self.meshes or ():
       plan_mesh(topo, x, y)
     return cfg, topo

@@ -69,11 +69,16 @@ def serve_rules(cfg: ModelConfig, mesh,
 
 def check_serve(cfg: ModelConfig, serve: ServeSettings) -> None:
   """Refuse what this model cannot serve: no attention, no embeddings, an
-  encoder-decoder (the serving steps are a decoder's), or more positions
+  encoder-decoder or a vision tower (the serving steps are a text
+  decoder's), or more positions
   than its learned position table has."""
   if cfg.encoder_decoder:
     raise ValueError(f"model {cfg.name!r} is an encoder-decoder; serving "
                      "with a KV cache is built for decoder-only models")
+  if cfg.vision:
+    raise ValueError(f"model {cfg.name!r} is a vision-language model; "
+                     "serving with a KV cache is built for text decoders "
+                     "(its language model's config serves)")
   if not (cfg.attention and cfg.embeddings):
     raise ValueError(f"model {cfg.name!r} has no attention or no token "
                      f"embeddings: there is no KV cache to serve it with")

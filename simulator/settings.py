@@ -45,6 +45,14 @@ class TrainSettings:
   moe_dispatch: str = "capacity"
   capacity_factor: float = 1.0
   expert_axis: str = "none"
+  # Vision-language models (models.vision; a text model refuses them):
+  # images per sequence (0: one), their side and patch side in pixels (0:
+  # the model's), and whether the vision tower trains (LLaVA-1.5 keeps it
+  # frozen in both its stages: no gradient, no optimizer state).
+  images_per_sample: int = 0
+  image_size: int = 0
+  patch_size: int = 0
+  train_vision: bool = False
 
   def __post_init__(self):
     for field in ("lora_targets", "offload"):  # JSON gives lists
@@ -68,6 +76,11 @@ class TrainSettings:
       raise ValueError(f"batch={self.batch} is not a multiple of grad_accum="
                        f"{self.grad_accum}; the step runs batch/grad_accum "
                        f"sequences per micro-batch")
+    for field in ("images_per_sample", "image_size", "patch_size"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field}={value!r} must be an integer >= 0 (0: "
+                         "the model's)")
     if not isinstance(self.target_seq, int) or self.target_seq < 0:
       raise ValueError(f"target_seq={self.target_seq!r} must be an integer >= "
                        "0 (0: the same as seq)")
@@ -96,6 +109,11 @@ class TrainSettings:
   def decoder_seq(self) -> int:
     """An encoder-decoder's target (decoder) length."""
     return self.target_seq or self.seq
+
+  @property
+  def images(self) -> int:
+    """Images per sequence of a vision-language model."""
+    return self.images_per_sample or 1
 
   @property
   def tokens(self) -> int:

@@ -23,6 +23,7 @@ from models.config import ModelConfig
 from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, expert_rules, rules_for
 from models.transformer import RESIDUAL
+from models.vision import at_resolution
 from simulator import mesh_class
 from simulator.optimizers import PRECISION, make_optimizer
 from simulator.settings import TrainSettings
@@ -86,6 +87,10 @@ def batch_shapes(cfg: ModelConfig, settings: TrainSettings,
   if cfg.encoder_decoder:
     target = ids(settings.decoder_seq)
     return {"inputs": tokens, "decoder_inputs": target, "targets": target}
+  if cfg.vision:  # pixels, as a processor hands them over (bf16)
+    images = ((b, settings.images, cfg.image_size, cfg.image_size, 3),
+              jnp.bfloat16, rules.spec("activations", ("batch",)))
+    return {"inputs": tokens, "images": images, "targets": tokens}
   if cfg.embeddings:
     return {"inputs": tokens, "targets": tokens}
   acts = ((b, s, cfg.d_model), jnp.bfloat16, rules.spec("activations",
@@ -211,9 +216,21 @@ def mesh_rules(cfg: ModelConfig, rules: AxisRules, mesh) -> AxisRules:
   return _replicate_kv_heads(rules)
 
 
+def with_images(cfg: ModelConfig, settings: TrainSettings) -> ModelConfig:
+  """`cfg` at the settings' image and patch size (models.vision); a text
+  model given image settings is a one-line ValueError."""
+  if not cfg.vision and (settings.images_per_sample or settings.train_vision):
+    raise ValueError(f"images_per_sample={settings.images_per_sample}, "
+                     f"train_vision={settings.train_vision}: {cfg.name} has "
+                     "no vision tower; images go with a vision-language "
+                     "model (e.g. llava_1_5_7b)")
+  return at_resolution(cfg, settings.image_size, settings.patch_size)
+
+
 def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                base_rules: AxisRules = FSDP_TP) -> Step:
   """Abstract arguments and the step function for `mesh` (abstract or real)."""
+  cfg = with_images(cfg, settings)
   if cfg.positions == "learned" and settings.seq > cfg.max_len:
     raise ValueError(f"seq={settings.seq} exceeds {cfg.name}'s "
                      f"{cfg.max_len} learned positions; choose seq <= "
@@ -334,8 +351,9 @@ def _micro_batches(accum: int) -> Callable[[jax.Array], jax.Array]:
 def trainable_paths(params: Tree, settings: TrainSettings) -> set:
   """The paths of the parameters the step trains: every one, or with
   `lora_rank` the adapters alone (the base is frozen: no gradient, no
-  optimizer state)."""
-  paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  optimizer state); a vision tower only with `train_vision`."""
+  paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+           if settings.train_vision or path[0].key != "vision_tower"]
   if not settings.lora_rank:
     return set(paths)
   return {p for p in paths

@@ -1,0 +1,198 @@
+"""Vision-language (LLaVA-style): exact counts, image tokens, the frozen or
+trained tower, its layout over the mesh, one-line errors."""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
+
+from meshes.layout import plan_mesh
+from meshes.topology import parse_topology
+from models.hf_config import from_hf_config
+from models.params import abstract_params, module_class, num_params
+from models.presets import PRESETS
+from models.vision import at_resolution, image_tokens
+from simulator import memory
+from simulator.inventory import describe_params
+from simulator.settings import TrainSettings
+from simulator.step import build_step, trainable_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MESH = AbstractMesh((2, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)
+TINY = PRESETS["tiny_vlm"]
+
+
+def _count(tree) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+def test_llava_1_5_7b_counts_as_its_modules_hold_them():
+  """CLIP ViT-L/14-336 by its modules: conv 3·14·14·1024 + class 1024 +
+  positions 577·1024 + pre/post LayerNorms 2·2048 + 24 layers of
+  (4 biased 1024² projections + 2 LayerNorms + 1024→4096→1024 biased MLP)
+  = 303,507,456 (x 4 bytes = the 1.21 GB of an f32 tower checkpoint);
+  projector 1024·4096+4096 + 4096·4096+4096 = 20,979,712; Vicuna-7B at
+  32064 tokens 6,738,939,904."""
+  cfg = PRESETS["llava_1_5_7b"]
+  params, _ = abstract_params(module_class(cfg)(cfg))
+  assert _count(params["vision_tower"]) == 303_507_456
+  assert _count([params["projector_in"], params["projector_out"]]) == (
+      20_979_712)
+  assert _count(params["language_model"]) == 6_738_939_904
+  assert num_params(cfg) == 7_063_427_072
+  assert image_tokens(cfg, 1) == 576 and image_tokens(cfg, 3) == 1728
+
+
+def test_resolution_changes_the_position_table_and_the_tokens():
+  cfg = at_resolution(TINY, 48, 0)
+  assert image_tokens(cfg, 2) == 2 * 36
+  grown = num_params(cfg) - num_params(TINY)
+  assert grown == (36 - 16) * TINY.vision_d_model  # positions only
+  assert at_resolution(TINY, 0, 0) is TINY
+
+
+def test_frozen_tower_has_no_gradient_and_a_trained_one_does():
+  st = TrainSettings(batch=4, seq=16, attention="materialized", remat="none")
+  frozen = build_step(TINY, st, MESH)
+  trained = build_step(TINY, dataclasses.replace(st, train_vision=True), MESH)
+  assert "vision_tower" not in frozen.grads
+  assert {"projector_in", "projector_out", "language_model"} <= set(
+      frozen.grads)
+  tower = _count(frozen.params["vision_tower"])
+  assert trainable_params(trained) - trainable_params(frozen) == tower
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  info = describe_params(TINY, plan, st)
+  assert info["trainable_params"] == info["num_params"] - tower
+
+
+def test_the_batch_carries_pixels_and_the_lm_sees_image_then_text():
+  st = TrainSettings(batch=4, seq=16, images_per_sample=2,
+                     attention="materialized", remat="none")
+  step = build_step(TINY, st, MESH)
+  assert step.batch["images"].shape == (4, 2, 32, 32, 3)
+  assert step.batch["images"].sharding.spec == P("X")
+  # The loss reads the text positions only, and the images reach it.
+  cfg = TINY
+  model = module_class(cfg)(cfg, attention="materialized")
+  ids = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) % cfg.vocab_size
+  images = jnp.zeros((2, 2, 32, 32, 3), jnp.bfloat16)
+  params = model.init(jax.random.key(0), ids, images, ids)["params"]
+  loss = lambda im: model.apply({"params": params}, ids, im, ids)
+  assert jnp.shape(loss(images)) == ()
+  assert loss(images) != loss(images + 1)
+  # The LM's residual stream: 2 images x 16 patches + 16 text positions.
+  assert "bf16[2,48,64]" in str(jax.make_jaxpr(loss)(images))
+
+
+def test_tower_is_laid_out_like_the_lm():
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  info = describe_params(TINY, plan, TrainSettings(batch=4, seq=16))
+  spec = {g["path"]: g["partition_spec"] for g in info["params"]}
+  assert spec["vision_tower/layers/attn/q/kernel"] == [None, "X", "Y", None]
+  assert spec["vision_tower/layers/mlp/wi/kernel"] == [None, "X", "Y"]
+  assert spec["projector_in/kernel"] == ["X", "Y"]
+
+
+def test_memory_report_runs_the_tower_backward_only_when_trained():
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  st = TrainSettings(batch=8, seq=64, remat="none", attention="materialized")
+  frozen = memory.memory_report(TINY, st, plan)
+  trained = memory.memory_report(
+      TINY, dataclasses.replace(st, train_vision=True), plan)
+  tower = lambda r: [k for k in r.phase_bytes
+                     if k.startswith("backward") and "vision_tower" in k]
+  assert not tower(frozen) and tower(trained)
+  assert trained.per_device_bytes["grads"] > frozen.per_device_bytes["grads"]
+  assert trained.per_device_bytes["peak"] > frozen.per_device_bytes["peak"]
+  more = memory.memory_report(
+      TINY, dataclasses.replace(st, images_per_sample=4), plan)
+  assert more.per_device_bytes["peak"] > frozen.per_device_bytes["peak"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(image_size=30), "image_size=30 is not a multiple of patch_size=8"),
+    (dict(vision_heads=3), "vision_d_model=32 is not a multiple of "
+     "vision_heads=3"),
+    (dict(patch_size=0), "patch_size=0 must be a positive integer"),
+    (dict(vision_layers=-1), "vision_layers=-1 must be an integer >= 0"),
+])
+def test_bad_configs_are_one_line_errors(change, message):
+  with pytest.raises(ValueError, match=message) as e:
+    dataclasses.replace(TINY, **change)
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model=tiny", "--images_per_sample=2"],
+     "error: images_per_sample=2, train_vision=False: tiny has no vision "
+     "tower; images go with a vision-language model (e.g. llava_1_5_7b)"),
+    (["--model=tiny", "--image_size=224"],
+     "error: image_size=224, patch_size=0: tiny has no vision tower; these "
+     "set a vision-language model's images"),
+    (["--model=tiny_vlm", "--image_size=36"],
+     "error: model 'tiny_vlm': image_size=36 is not a multiple of "
+     "patch_size=8; choose a patch size dividing the image side"),
+    (["--model=tiny_vlm", "--images_per_sample=-1"],
+     "error: images_per_sample=-1 must be an integer >= 0 (0: the model's)"),
+])
+def test_cli_refuses_with_one_line(args, message):
+  p = subprocess.run(
+      [sys.executable, "-m", "experiments.memory_report", "--topology=v5p-8",
+       "--mesh=2x2", "--batch=8", "--seq=64", *args], cwd=ROOT,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+      text=True, timeout=120)
+  assert (p.returncode, p.stderr.strip()) == (2, message)
+
+
+def test_inference_report_refuses_a_vision_language_model():
+  p = subprocess.run(
+      [sys.executable, "-m", "experiments.inference_report",
+       "--model=tiny_vlm", "--topology=v5p-8", "--batch=4", "--prompt=64",
+       "--generate=16"], cwd=ROOT,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+      text=True, timeout=120)
+  assert (p.returncode, p.stderr.strip()) == (
+      2, "error: model 'tiny_vlm' is a vision-language model; serving with a"
+      " KV cache is built for text decoders (its language model's config "
+      "serves)")
+
+
+LLAVA_JSON = os.path.join(ROOT, "models", "configs", "llava-1.5-7b-hf.json")
+
+
+def test_llava_config_json_is_the_preset():
+  """llava-hf/llava-1.5-7b-hf's config.json names only what differs from
+  HF's LlamaConfig and CLIPVisionConfig defaults; read with them it is the
+  preset."""
+  cfg = from_hf_config(LLAVA_JSON)
+  assert dataclasses.replace(cfg, name="llava_1_5_7b") == PRESETS[
+      "llava_1_5_7b"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"vision_feature_select_strategy": "full"},
+     "vision_feature_select_strategy='full' is not supported; valid: "
+     "default"),
+    ({"text_config": {"model_type": "mistral"}},
+     "text_config.model_type='mistral' is not supported; valid: llama"),
+    ({"vision_config": {"model_type": "clip_vision_model", "image_size": 100,
+                        "patch_size": 14}},
+     "image_size=100 is not a multiple of patch_size=14"),
+    ({"vision_config": None}, "a llava config.json needs text_config and "
+     "vision_config objects"),
+])
+def test_bad_llava_config_json_is_one_line(tmp_path, change, message):
+  with open(LLAVA_JSON) as f:
+    raw = {**json.load(f), **change}
+  path = tmp_path / "llava.json"
+  path.write_text(json.dumps(raw))
+  with pytest.raises(ValueError, match=message) as e:
+    from_hf_config(str(path))
+  assert "\n" not in str(e.value)
