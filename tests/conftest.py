@@ -3,9 +3,28 @@ compile through libtpu's topology API, which needs no TPU. Set before JAX loads,
 and inherited by the experiments the tests start as subprocesses."""
 
 import os
+import subprocess
+import sys
 import tempfile
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The experiments' persistent cache (simulator.cache) defaults under
 # XDG_CACHE_HOME: the tests' own, never the user's.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="shardsim-tests-")
+
+
+@pytest.fixture
+def refused_by_memory_report():
+  """Runs memory_report on a small v5p-8 2x2 plan with `args` and checks it
+  exits 2 with exactly `message` on stderr (the one-line error)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def check(args, message):
+    p = subprocess.run(
+        [sys.executable, "-m", "experiments.memory_report", "--topology=v5p-8",
+         "--mesh=2x2", "--batch=8", "--seq=64", *args], cwd=root,
+        capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr.strip()) == (2, message)
+  return check

@@ -2,9 +2,6 @@
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +21,6 @@ from simulator.settings import TrainSettings
 from simulator.step import build_step
 from simulator.trace import trace
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH = AbstractMesh((2, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)
 TINY = PRESETS["tiny_t5"]
 
@@ -145,24 +141,16 @@ def test_relative_positions_need_an_encoder():
     (["--model=tiny_t5", "--target_seq=-4"],
      "error: target_seq=-4 must be an integer >= 0 (0: the same as seq)"),
 ])
-def test_cli_refuses_with_one_line(args, message):
-  _refused(args, message)
+def test_cli_refuses_with_one_line(args, message, refused_by_memory_report):
+  refused_by_memory_report(args, message)
 
 
-def test_cli_refuses_a_bad_t5_config_json(tmp_path):
+def test_cli_refuses_a_bad_t5_config_json(tmp_path, refused_by_memory_report):
   path = tmp_path / "t5.json"
   path.write_text(json.dumps({
       "model_type": "t5", "d_model": 64, "d_ff": 128, "d_kv": 16,
       "num_heads": 4, "num_layers": 2, "vocab_size": 256,
       "feed_forward_proj": "gated-swish"}))
-  _refused([f"--model={path}"], f"error: {path}: feed_forward_proj="
-           "'gated-swish' is not supported; valid: relu, gelu, gated-gelu")
-
-
-def _refused(args, message):
-  p = subprocess.run(
-      [sys.executable, "-m", "experiments.memory_report", "--topology=v5p-8",
-       "--mesh=2x2", "--batch=8", "--seq=64", *args], cwd=ROOT,
-      env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
-      text=True, timeout=120)
-  assert (p.returncode, p.stderr.strip()) == (2, message)
+  refused_by_memory_report(
+      [f"--model={path}"], f"error: {path}: feed_forward_proj="
+      "'gated-swish' is not supported; valid: relu, gelu, gated-gelu")

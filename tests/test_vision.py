@@ -142,13 +142,8 @@ def test_bad_configs_are_one_line_errors(change, message):
     (["--model=tiny_vlm", "--images_per_sample=-1"],
      "error: images_per_sample=-1 must be an integer >= 0 (0: the model's)"),
 ])
-def test_cli_refuses_with_one_line(args, message):
-  p = subprocess.run(
-      [sys.executable, "-m", "experiments.memory_report", "--topology=v5p-8",
-       "--mesh=2x2", "--batch=8", "--seq=64", *args], cwd=ROOT,
-      env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
-      text=True, timeout=120)
-  assert (p.returncode, p.stderr.strip()) == (2, message)
+def test_cli_refuses_with_one_line(args, message, refused_by_memory_report):
+  refused_by_memory_report(args, message)
 
 
 def test_inference_report_refuses_a_vision_language_model():
