@@ -108,7 +108,8 @@ def spec_from_flags():
       offload=tuple(FLAGS.offload), moe_dispatch=FLAGS.moe_dispatch,
       capacity_factor=FLAGS.capacity_factor, expert_axis=FLAGS.expert_axis,
       images_per_sample=FLAGS.images_per_sample, image_size=FLAGS.image_size,
-      patch_size=FLAGS.patch_size, train_vision=FLAGS.train_vision)
+      patch_size=FLAGS.patch_size, train_vision=FLAGS.train_vision,
+      vision_sharding=FLAGS.vision_sharding)
 
 
 def run_dir_for(logdir: str, name: str, resume: bool) -> str:
@@ -129,7 +130,7 @@ _IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
              "precision", "grad_accum", "lora_rank", "lora_targets",
              "base_quant", "offload", "moe_dispatch", "capacity_factor",
              "expert_axis", "images_per_sample", "image_size", "patch_size",
-             "train_vision")
+             "train_vision", "vision_sharding")
 
 
 def check_run_settings(run_dir: str, spec) -> None:

@@ -30,7 +30,8 @@ DEFAULT_SETTINGS = (("shard", "zero3"), ("precision", "mixed"),
                     ("attention", "flash"), ("loss_chunks", 1),
                     ("grad_accum", 1), ("lora_rank", 0), ("base_quant", "none"),
                     ("offload", ()), ("target_seq", 0), ("capacity_factor", 1.0),
-                    ("expert_axis", "none"), ("train_vision", False))
+                    ("expert_axis", "none"), ("train_vision", False),
+                    ("vision_sharding", "sharded"))
 GEMMA_2B = "models/configs/gemma-2b.json"
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
 T5_V1_1_SMALL = "models/configs/t5-v1_1-small.json"
@@ -61,6 +62,7 @@ class Case:
   capacity_factor: float = 1.0  # mixture of experts only
   expert_axis: str = "none"
   train_vision: bool = False  # a vision-language model's tower trained
+  vision_sharding: str = "sharded"  # or its weights whole on every device
 
   def settings(self) -> TrainSettings:
     return settings_from(dataclasses.asdict(self))
@@ -224,4 +226,8 @@ CASES: list[Case] = [
          loss_chunks=4, train_vision=True),
     Case("llava_mini", "v5p-8", "2x2", 16, 768, "full", "adamw", C,
          loss_chunks=4),
+    # The tower whole on every device (--vision_sharding=replicated),
+    # trained: its weights, gradients and optimizer state unsplit.
+    Case("llava_mini", "v5p-8", "2x2", 16, 768, "full", "adamw", C,
+         loss_chunks=4, train_vision=True, vision_sharding="replicated"),
 ]

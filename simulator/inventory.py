@@ -15,7 +15,8 @@ from models.params import abstract_params, module_class
 from simulator.settings import TrainSettings
 from simulator.step import (build_step, device_bytes, device_shape,
                             kv_heads_replicated,
-                            lay_out_params, make_model, pad_vocab, step_rules,
+                            lay_out_params, make_model, pad_vocab,
+                            params_and_names, step_rules,
                             trainable_paths, with_images)
 
 
@@ -26,7 +27,8 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
   cfg = with_images(cfg, settings)
   rules = step_rules(cfg, settings, mesh)[0]
   padded, padding = pad_vocab(cfg, rules, mesh)
-  leaves, names = abstract_params(make_model(padded, settings, rules))
+  leaves, names = params_and_names(make_model(padded, settings, rules),
+                                   settings)
   laid = lay_out_params(leaves, names, rules, mesh)
   groups, by_dtype = [], collections.Counter()
   flat = jax.tree_util.tree_flatten_with_path(laid)[0]

@@ -93,6 +93,7 @@ class SweepSpec:
   image_size: int = 0
   patch_size: int = 0
   train_vision: bool = False
+  vision_sharding: str = "sharded"
 
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""

@@ -18,6 +18,8 @@ BASE_QUANTS = QUANTS  # how the frozen base may be stored (models.quant)
 OFFLOADS = ("optimizer", "params")  # state kept in pinned host memory
 MOE_DISPATCHES = ("capacity",)  # models.moe
 EXPERT_AXES = ("none", "x")  # experts unsplit, or split over X (all-to-all)
+# A vision tower laid out like the LM, or whole on every device.
+VISION_SHARDINGS = ("sharded", "replicated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +49,15 @@ class TrainSettings:
   expert_axis: str = "none"
   # Vision-language models (models.vision; a text model refuses them):
   # images per sequence (0: one), their side and patch side in pixels (0:
-  # the model's), and whether the vision tower trains (LLaVA-1.5 keeps it
-  # frozen in both its stages: no gradient, no optimizer state).
+  # the model's), whether the vision tower trains (LLaVA-1.5 keeps it
+  # frozen in both its stages: no gradient, no optimizer state), and how its
+  # weights are laid out: like the LM's (`sharded`: FSDP over X, TP over Y)
+  # or whole on every device (`replicated`: the tower runs data-parallel).
   images_per_sample: int = 0
   image_size: int = 0
   patch_size: int = 0
   train_vision: bool = False
+  vision_sharding: str = "sharded"
 
   def __post_init__(self):
     for field in ("lora_targets", "offload"):  # JSON gives lists
@@ -64,7 +69,8 @@ class TrainSettings:
     for field, valid in (("attention", ATTENTIONS), ("optimizer", OPTIMIZERS),
                          ("precision", PRECISIONS), ("shard", SHARDS),
                          ("moe_dispatch", MOE_DISPATCHES),
-                         ("expert_axis", EXPERT_AXES)):
+                         ("expert_axis", EXPERT_AXES),
+                         ("vision_sharding", VISION_SHARDINGS)):
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r}; valid: "
                          f"{', '.join(valid)}")
