@@ -131,8 +131,8 @@ def test_the_loss_adds_the_weighted_load_balancing_loss():
   losses = {}
   for coef in (0.0, 1.0):
     model = Decoder(dataclasses.replace(TINY, router_aux_loss_coef=coef))
-    params = model.init(jax.random.key(0), ids, ids)
-    losses[coef] = float(model.apply(params, ids, ids))
+    params = jax.jit(model.init)(jax.random.key(0), ids, ids)
+    losses[coef] = float(jax.jit(model.apply)(params, ids, ids))
   aux = losses[1.0] - losses[0.0]  # the layers' mean E·Σ f·P
   assert 1.0 <= aux <= TINY.n_experts  # k=2 spread over 4 experts: >= 1
 

@@ -85,8 +85,8 @@ def test_the_batch_carries_pixels_and_the_lm_sees_image_then_text():
   model = module_class(cfg)(cfg, attention="materialized")
   ids = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) % cfg.vocab_size
   images = jnp.zeros((2, 2, 32, 32, 3), jnp.bfloat16)
-  params = model.init(jax.random.key(0), ids, images, ids)["params"]
-  loss = lambda im: model.apply({"params": params}, ids, im, ids)
+  params = jax.jit(model.init)(jax.random.key(0), ids, images, ids)["params"]
+  loss = jax.jit(lambda im: model.apply({"params": params}, ids, im, ids))
   assert jnp.shape(loss(images)) == ()
   assert loss(images) != loss(images + 1)
   # The LM's residual stream: 2 images x 16 patches + 16 text positions.
