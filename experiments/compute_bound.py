@@ -21,7 +21,7 @@ from experiments import cli
 from models.registry import load_model
 from meshes.layout import parse_mesh, plan_mesh
 from meshes.topology import parse_topology
-from simulator import roofline as R
+from simulator.timing import roofline as R
 
 FLAGS = flags.FLAGS
 cli.define_model_flags()

@@ -4,7 +4,7 @@
       --mesh=32x4 --seq=4096 --remat=full [--hbm_fraction=0.85] [--confirm]
 
 Every program point's live bytes are affine in the batch (the probe batch,
-simulator.batch_probe), so the largest global batch whose compiler-comparable
+simulator.tracing.batch_probe), so the largest global batch whose compiler-comparable
 peak stays within --hbm_fraction of the chip's HBM follows from one trace
 (simulator.memory.largest_batch); no compiles are searched. The fraction is
 the headroom the fine-tuning playbook (seed 002) keeps, 15-20%, in place of
@@ -56,7 +56,7 @@ def main(argv) -> None:
         f"({at.per_device_bytes['peak'] / GiB:.2f} with the 10% planning "
         f"overhead); {best + step} would need {more / GiB:.2f} GiB")
   if FLAGS.confirm:
-    from simulator import compiled
+    from simulator.xla import compiled
     report = compiled.compile_report(cfg, dataclasses.replace(
         settings, batch=best), plan.topology.name, plan.X, plan.Y)
     verdict = "fits" if report.peak_bytes <= cap else "does NOT fit"

@@ -7,7 +7,7 @@ at 9bc243c95, Oct 2023, for the v5e table: 128b.sh sets ici_fsdp 16 x
 ici_tensor 16, the others pure FSDP), on the base config of that
 time (models.maxtext: `decoder_block=default`), with the MFU that MaxText's
 README reports for it and the FLOP count MaxText used to compute it;
-`predict` times one with simulator.roofline, `report` writes the table.
+`predict` times one with simulator.timing.roofline, `report` writes the table.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from meshes.topology import parse_topology
 from models.config import ModelConfig
 from models.maxtext import maxtext_run
 from models.registry import load_model
-from simulator import roofline
+from simulator.timing import roofline
 from simulator.settings import TrainSettings
 
 _V5P = ("max_target_length=2048 attention=flash use_iota_embed=true "
@@ -124,7 +124,7 @@ def report(rows: list[dict], seconds: float) -> str:
       "experiments/step_time_anchors.py (MaxText's scripts and base config "
       "of the time, its README's MFU). MFU = MaxText's FLOP count for the "
       "run / (predicted step time x peak bf16 FLOP/s); predicted and "
-      "measured share the numerator. Step time (simulator.roofline): "
+      "measured share the numerator. Step time (simulator.timing.roofline): "
       "matmul FLOPs at peak (each matmul's per-device [K, N] padded to "
       "whole MXU tiles), plus the HBM bytes of every other fusion over "
       "the HBM bandwidth (the flash kernel's blocks stay on chip), plus the "

@@ -4,7 +4,7 @@
 
 Each anchor (experiments.step_time_anchors, which also holds the logic) is
 mapped onto this project's flags the way `--maxtext` maps any MaxText run,
-traced on its TPU slice and timed by simulator.roofline; its MFU is counted
+traced on its TPU slice and timed by simulator.timing.roofline; its MFU is counted
 with the FLOP count MaxText used for the published figure, so predicted and
 measured share a numerator. Writes a markdown table, prints its summary.
 """

@@ -88,7 +88,7 @@ def mfu_heatmap(records: list[Mapping[str, Any]]) -> Image.Image:
   fig, ax = plt.subplots(figsize=(1.0 * len(bs) + 3, 0.5 * len(xs) + 2))
   shown = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", vmin=0,
                     vmax=1, aspect="auto")
-  fig.colorbar(shown, ax=ax, label="predicted MFU (simulator.roofline step time)")
+  fig.colorbar(shown, ax=ax, label="predicted MFU (simulator.timing.roofline step time)")
   for i in range(len(xs)):
     for j in range(len(bs)):
       if np.isnan(grid[i, j]):

@@ -153,7 +153,7 @@ def main(argv):
   cfg, plan = cli.model_and_plan()  # validates model, topology and mesh first
   topology, x, y = plan.topology, plan.X, plan.Y
   if FLAGS.target == "cpu":
-    from simulator.compiled import ensure_cpu_devices
+    from simulator.xla.compiled import ensure_cpu_devices
     ensure_cpu_devices(x * y)
   settings = cli.train_settings()
   target = FLAGS.target
@@ -168,7 +168,7 @@ def main(argv):
       cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is a file; give a directory "
                "(created if missing)")
     os.makedirs(FLAGS.dump_dir, exist_ok=True)
-  from simulator import crosscheck
+  from simulator.xla import crosscheck
   try:
     result = crosscheck.validate(cfg, settings, FLAGS.topology, x, y,
                                  target, FLAGS.execute_steps,

@@ -98,7 +98,7 @@ def summary(rows: list[dict]) -> list[str]:
     match = sum(1 for r in live if abs(r["compiled"]["peak_live_bytes"]
                                        / r["compiled"]["peak_bytes"] - 1) < 1e-3)
     lines.append(f"- XLA's peak rebuilt from its dumped buffer assignment and "
-                 f"live ranges (simulator.xla_peak) within 0.1% of "
+                 f"live ranges (simulator.xla.xla_peak) within 0.1% of "
                  f"memory_analysis in {match} of {len(live)} configs")
   lay = [r for r in ok if r["relative_error"].get("arguments_layout") is not None]
   exact = sum(1 for r in lay if r["relative_error"]["arguments_layout"] == 0)
@@ -109,7 +109,7 @@ def summary(rows: list[dict]) -> list[str]:
           if c["relative_error"] is not None]
   if errs:
     lines.append(
-        f"- collective bytes per device per step, symbolic (simulator.comms) vs "
+        f"- collective bytes per device per step, symbolic (simulator.timing.comms) vs "
         f"the compiled HLO: |relative error| median "
         f"{100 * statistics.median(errs):.2f}%, worst {100 * max(errs):.2f}% "
         f"over {len(errs)} configs; summed, {sum(c['symbolic_bytes'] for c in coll) / GiB:.2f}"
@@ -230,7 +230,7 @@ def _say(message: str) -> None:
 
 def main(argv):
   del argv
-  from simulator import crosscheck
+  from simulator.xla import crosscheck
   started = time.time()
   if FLAGS.from_jsonl:
     rows = [crosscheck.recheck(r) for r in _read_rows(FLAGS.from_jsonl)]
@@ -266,7 +266,7 @@ def compile_index(corpus: str, i: int, progress: bool = False) -> dict:
   """Case i of `corpus` ("tpu" or "gpu") compiled for its topology, as a
   kept row (a worker runs this)."""
   from meshes.layout import parse_mesh
-  from simulator import crosscheck
+  from simulator.xla import crosscheck
   case = (gpu_corpus if corpus == "gpu" else validation_corpus).CASES[i]
   x, y = parse_mesh(case.mesh)
   label = f"[#{i} {case.label()}]"

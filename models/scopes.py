@@ -3,7 +3,7 @@
 The simulator reads the traced program's structure: each jaxpr equation
 carries the stack of named scopes it was traced under (`jax.named_scope`,
 and Flax's module names). A model wraps its layer stack and its loss in the
-scopes below; `simulator.trace` finds them there, never in source-file text,
+scopes below; `simulator.tracing.trace` finds them there, never in source-file text,
 frame names or tracebacks (which change with where packages are installed).
 
   LAYERS  the layer stack: one scan whose body is one layer and whose

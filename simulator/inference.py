@@ -22,7 +22,7 @@ not), so
   decode step = max(FLOPs / C, (weight bytes + KV cache bytes) / W_hbm)
   prefill     = max(FLOPs / C, (weight bytes + KV cache bytes) / W_hbm)
 
-with FLOPs the traced program's matmuls per device (simulator.program), C
+with FLOPs the traced program's matmuls per device (simulator.tracing.program), C
 the chip's bf16 FLOP/s and W_hbm its HBM bandwidth (meshes.hardware); the
 prefill writes the cache once. Throughput: batch / decode step while
 generating, and batch·generate / (prefill + generate·decode step) end to
@@ -38,10 +38,10 @@ import jax
 
 from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
-from simulator import compiled as compiled_lib
+from simulator.xla import compiled as compiled_lib
 from simulator.memory import OVERHEAD_FRACTION, liveness, tpu_tiled_bytes
 from simulator.memory.estimate import Contributor
-from simulator.program import read_program
+from simulator.tracing.program import read_program
 from simulator.serve_step import PHASES, ServeStep, build_serve_steps
 from simulator.settings import ServeSettings
 from simulator.step import device_bytes, device_shape, kv_heads_replicated
@@ -162,7 +162,7 @@ def inference_report(cfg: ModelConfig, serve: ServeSettings,
 
 def compile_serve(cfg: ModelConfig, serve: ServeSettings, target: str, X: int,
                   Y: int, progress=None) -> dict[str, dict[str, Any]]:
-  """Each serving step compiled for `target` (simulator.compiled), the
+  """Each serving step compiled for `target` (simulator.xla.compiled), the
   cache donated: memory_analysis's figures and the buffers at XLA's peak."""
   mesh = compiled_lib.make_mesh(target, X, Y)
   out = {}

@@ -2,16 +2,16 @@
 
 The expensive part of evaluating a config is tracing the step (~0.4 s for a 70B
 model); everything per batch size is arithmetic. So the step is traced once per
-(remat, shard, optimizer) and structural class of meshes (simulator.mesh_class:
+(remat, shard, optimizer) and structural class of meshes (simulator.tracing.mesh_class:
 the other meshes of the class are read off that trace at their own sizes, ~50
 ms each, or traced where one is not provably in it), at the probe batch
-(simulator.batch_probe), and each batch size rescales that memory estimate and
+(simulator.tracing.batch_probe), and each batch size rescales that memory estimate and
 timing fit. A PlanError (raised while building the step: a dimension that Y or
 X does not divide) cannot depend on remat, so it is cached per
 (mesh, shard, optimizer) and the other remat policies fail without retracing.
 
 Estimates come through `_Estimator`, the one adapter onto simulator.memory and
-simulator.roofline.
+simulator.timing.roofline.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from models.registry import load_model
 from simulator.cache import Cache
 from simulator.memory.capacity import capacity_bytes
 from simulator.settings import TrainSettings, settings_from
-from simulator import memory, mesh_class, roofline
+from simulator import memory
+from simulator.tracing import mesh_class
+from simulator.timing import roofline
 from simulator.step import PlanError, with_images
-from simulator.trace import trace_probe
+from simulator.tracing.trace import trace_probe
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer")
 # Per-record memory: what is live at the peak, and the planning overhead.
@@ -138,7 +140,7 @@ class _Estimator:
   Memory rescales the traced estimate (MemoryEstimate.at_batch); timing reads
   every term as fixed or linear in tokens off the same probe-batch trace.
   `resize`: the step was traced on another mesh of `plan`'s structural class
-  (simulator.mesh_class); the estimators read it at `plan`'s sizes.
+  (simulator.tracing.mesh_class); the estimators read it at `plan`'s sizes.
   """
 
   def __init__(self, cfg, traced, plan, settings,
@@ -235,7 +237,7 @@ class Sweep:
   def _estimate(self, c: Config, plan: MeshPlan,
                 settings: TrainSettings) -> _Estimator:
     """Read off a trace of a mesh of the same structural class
-    (simulator.mesh_class) when the mesh is provably in its class; else
+    (simulator.tracing.mesh_class) when the mesh is provably in its class; else
     traced, and kept for the class too (a trace whose shard_map dims are
     ambiguous cannot be read at some meshes that another can)."""
     group = (c.remat, c.shard, c.optimizer,
@@ -354,7 +356,7 @@ def _percent(x: float | None) -> str:
 def table(ranked: list[dict], limit: int | None = None) -> str:
   """The ranked table, plain text (also valid markdown); a failed config
   points to its reason, printed whole under the table. MFU is the step-time
-  model's prediction; MFU bound the roofline's (simulator.roofline)."""
+  model's prediction; MFU bound the roofline's (simulator.timing.roofline)."""
   head = ("| rank | mesh | batch | remat | shard | optimizer | peak GiB | fits | "
           "step s | tokens/s | MFU | MFU bound | bound by | compiled GiB |")
   lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
@@ -389,7 +391,7 @@ def table(ranked: list[dict], limit: int | None = None) -> str:
 def compiled_peak_bytes(cfg: ModelConfig, settings: TrainSettings,
                         plan: MeshPlan) -> int:
   """The compiler's per-device peak for the step on the real topology (libtpu)."""
-  from simulator import compiled
+  from simulator.xla import compiled
   report = compiled.compile_report(cfg, settings, plan.topology.name, plan.X,
                                    plan.Y, progress=None)
   return int(report.peak_bytes)

@@ -24,7 +24,7 @@ from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, expert_rules, rules_for
 from models.transformer import RESIDUAL
 from models.vision import at_resolution, replicated_tower
-from simulator import mesh_class
+from simulator.tracing import mesh_class
 from simulator.optimizers import PRECISION, make_optimizer
 from simulator.settings import TrainSettings
 

@@ -49,7 +49,7 @@ def test_flash_with_a_bias_matches_materialized(qkv, monkeypatch, causal):
 
 
 def test_flash_saves_no_scores(qkv):
-  from simulator.trace import fused_residuals
+  from simulator.tracing.trace import fused_residuals
   q, k, v = qkv
   s = q.shape[1]
   for impl, has_s2 in (("flash", False), ("materialized", True)):

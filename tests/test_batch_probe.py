@@ -15,12 +15,12 @@ from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
-from simulator import batch_probe
+from simulator.tracing import batch_probe
 from simulator.memory import liveness
-from simulator.program import read_traced
+from simulator.tracing.program import read_traced
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes, device_shape
-from simulator.trace import trace, trace_probe
+from simulator.tracing.trace import trace, trace_probe
 
 CASES = [
     ("tiny", "v5p-8", 2, 2, 6, dict(remat="full", attention="materialized")),

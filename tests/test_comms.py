@@ -7,10 +7,10 @@ import pytest
 from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.presets import PRESETS
-from simulator.comms import (axis_bandwidth, collective_cost, collective_time,
+from simulator.timing.comms import (axis_bandwidth, collective_cost, collective_time,
                              collectives, ring_time)
 from simulator.settings import TrainSettings
-from simulator.trace import trace
+from simulator.tracing.trace import trace
 
 D, F, L = 16384, 53248, 126
 

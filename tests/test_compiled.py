@@ -13,7 +13,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from meshes.layout import plan_mesh  # noqa: E402
 from meshes.topology import parse_topology  # noqa: E402
-from simulator import hlo_collectives as H  # noqa: E402
+from simulator.xla import hlo_collectives as H  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +68,8 @@ def test_tpu_v5p_compile_arguments_exact():
   from meshes.layout import plan_mesh
   from meshes.topology import parse_topology
   from models.presets import PRESETS
-  from simulator import compiled, memory
+  from simulator.xla import compiled
+  from simulator import memory
   from simulator.settings import TrainSettings
   settings = TrainSettings(batch=8, seq=128, remat="full",
                            optimizer="adafactor")
@@ -92,7 +93,8 @@ def test_tpu_v5p_peak_within_target():
   """The issue's targets on a small real model: arguments exact, XLA's peak
   within 10% (gpt2, v5p-8 4x1, remat full: +3.1% when this was written)."""
   from models.presets import PRESETS
-  from simulator import compiled, memory
+  from simulator.xla import compiled
+  from simulator import memory
   from simulator.settings import TrainSettings
   settings = TrainSettings(batch=16, seq=512, remat="full")
   plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
@@ -119,7 +121,8 @@ CPU_SCRIPT = textwrap.dedent("""\
     import jax, json
     jax.config.update("jax_num_cpu_devices", 4)
     from models.presets import PRESETS
-    from simulator import compiled, memory
+    from simulator.xla import compiled
+    from simulator import memory
     from simulator.settings import TrainSettings
     from meshes.layout import plan_mesh
     from meshes.topology import parse_topology

@@ -14,12 +14,13 @@ from models.config import ModelConfig
 from models.encoder_decoder import relative_position_bucket
 from models.params import abstract_params, module_class, num_params
 from models.presets import PRESETS
-from simulator import memory, roofline
-from simulator.flops import count_flops
-from simulator.program import read_traced
+from simulator import memory
+from simulator.timing import roofline
+from simulator.timing.flops import count_flops
+from simulator.tracing.program import read_traced
 from simulator.settings import TrainSettings
 from simulator.step import build_step
-from simulator.trace import trace
+from simulator.tracing.trace import trace
 
 MESH = AbstractMesh((2, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)
 TINY = PRESETS["tiny_t5"]

@@ -7,10 +7,10 @@ import jax
 from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.presets import PRESETS
-from simulator.flops import count_flops
+from simulator.timing.flops import count_flops
 from simulator.formulas import ffn_stack_params, training_flops
 from simulator.settings import TrainSettings
-from simulator.trace import trace
+from simulator.tracing.trace import trace
 
 
 def _trace(name, x, y, topology="v5p-128", **kw):

@@ -42,7 +42,7 @@ def test_unknown_gpu_is_refused():
 
 def test_step_compiles_for_h100_2x8_with_arguments_exact():
   from models.presets import PRESETS
-  from simulator import compiled
+  from simulator.xla import compiled
   from simulator.settings import TrainSettings
   settings = TrainSettings(batch=8, seq=128, remat="full")
   rep = compiled.compile_report(PRESETS["tiny"], settings, "h100:2x8", 8, 2,

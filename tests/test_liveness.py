@@ -7,7 +7,7 @@ import random
 import jax
 import jax.numpy as jnp
 
-from simulator.batch_probe import PROBE
+from simulator.tracing.batch_probe import PROBE
 from simulator.memory import liveness
 
 F32 = 4

@@ -28,7 +28,7 @@ from models.rules import FSDP_TP
 from simulator import formulas, memory
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes
-from simulator.trace import fused_residuals, trace
+from simulator.tracing.trace import fused_residuals, trace
 
 MiB, GiB = 2**20, 2**30
 ONE = plan_mesh(parse_topology("v5p:1x1x1"), 1, 1)

@@ -1,6 +1,6 @@
 """Meshes read off one trace per structural class, checked mesh by mesh.
 
-For every pair of meshes of a slice in the same class (simulator.mesh_class),
+For every pair of meshes of a slice in the same class (simulator.tracing.mesh_class),
 the figures read off the trace of one at the other's sizes must equal those
 of a real trace at the other: the memory estimate (peak, what is live there
 by category, the largest buffers, every part's peak, the tensors) at two
@@ -16,11 +16,13 @@ import pytest
 from meshes.layout import abstract_mesh, mesh_shapes, plan_mesh
 from meshes.topology import parse_topology
 from models.registry import load_model
-from simulator import memory, mesh_class, roofline, search
-from simulator.program import read_traced
+from simulator import memory, search
+from simulator.tracing import mesh_class
+from simulator.timing import roofline
+from simulator.tracing.program import read_traced
 from simulator.settings import TrainSettings
 from simulator.step import PlanError
-from simulator.trace import trace_probe
+from simulator.tracing.trace import trace_probe
 
 
 def _model(name, **dims):

@@ -19,12 +19,12 @@ from models.hf_config import from_hf_config
 from models.params import num_params
 from models.presets import PRESETS
 from models.transformer import Decoder
-from simulator import roofline as R
+from simulator.timing import roofline as R
 from simulator.inventory import describe_params
-from simulator.program import read_traced
+from simulator.tracing.program import read_traced
 from simulator.settings import TrainSettings
 from simulator.step import build_step, trainable_params
-from simulator.trace import trace_probe
+from simulator.tracing.trace import trace_probe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "models", "configs")

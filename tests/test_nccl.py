@@ -4,7 +4,7 @@ import pytest
 
 from meshes.hardware import get_chip
 from meshes.network import network_for
-from simulator import nccl
+from simulator.timing import nccl
 
 GB = 1e9
 LARGE = 8 * 2**30  # nccl-tests' -e 8G: the plateau the published figures read

@@ -8,7 +8,7 @@ from meshes.layout import plan_mesh
 from meshes.topology import parse_topology
 from models.presets import PRESETS
 from simulator import formulas as FM
-from simulator import roofline as R
+from simulator.timing import roofline as R
 from simulator.settings import TrainSettings
 
 C, LINK = 4.6e14, 9e10  # seed 004: W_ici = 2·9e10
@@ -132,7 +132,7 @@ def test_mxu_padding_rounds_k_and_n_up_to_whole_tiles():
   assert R.mxu_padding((4096, 8192), 128) == 1.0
   assert R.mxu_padding((384, 96), 0) == 1.0  # GPUs: not modelled
   assert R.mxu_padding((256, 1), 128) == 1.0  # strength-reduced, no MXU
-  from simulator.batch_probe import PROBE
+  from simulator.tracing.batch_probe import PROBE
   assert R.mxu_padding((3 * PROBE, 96), 128) == pytest.approx(4 / 3)
 
 
@@ -161,8 +161,8 @@ def test_mxu_dims_are_the_per_device_k_and_n():
   FSDP-gathered weight) into 4 heads / Y=2 of 16 = 32 columns per device;
   the output projection contracts those 32 into d = 64."""
   from meshes.layout import abstract_mesh
-  from simulator.program import read_traced
-  from simulator.trace import trace_probe
+  from simulator.tracing.program import read_traced
+  from simulator.tracing.trace import trace_probe
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   s = TrainSettings(batch=8, seq=128, remat="none")
   p = read_traced(trace_probe(PRESETS["tiny"], s, abstract_mesh(plan),

@@ -1,4 +1,4 @@
-"""simulator.trace: which residuals XLA keeps as buffers (fused_residuals),
+"""simulator.tracing.trace: which residuals XLA keeps as buffers (fused_residuals),
 which arguments the step reads (read_inputs)."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 
 import optax
 
-from simulator.trace import fused_residuals, read_inputs
+from simulator.tracing.trace import fused_residuals, read_inputs
 
 
 def _fused_by_shape(fn, *args) -> dict[tuple, list[bool]]:

@@ -12,7 +12,7 @@ from meshes.layout import parse_mesh
 from meshes.topology import parse_topology
 from models.params import num_params
 from models.registry import load_model
-from simulator import crosscheck
+from simulator.xla import crosscheck
 from simulator import settings as S
 
 

@@ -10,7 +10,8 @@ from experiments.validation_corpus import CASES
 from meshes.layout import plan_mesh
 from meshes.topology import parse_topology
 from models.registry import load_model
-from simulator import crosscheck, memory
+from simulator.xla import crosscheck
+from simulator import memory
 from simulator.settings import TrainSettings
 
 

@@ -21,10 +21,10 @@ from models.presets import PRESETS
 from models.vision import at_resolution, image_tokens
 from simulator import memory
 from simulator.inventory import describe_params
-from simulator.program import read_traced
+from simulator.tracing.program import read_traced
 from simulator.settings import TrainSettings
 from simulator.step import build_step, trainable_params
-from simulator.trace import trace_probe
+from simulator.tracing.trace import trace_probe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH = AbstractMesh((2, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)

@@ -10,11 +10,11 @@ from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models import scopes
 from models.registry import load_model
-from simulator.batch_probe import PROBE
+from simulator.tracing.batch_probe import PROBE
 from simulator import memory
 from simulator.memory import liveness, xla_rules
 from simulator.settings import TrainSettings
-from simulator.trace import trace_probe
+from simulator.tracing.trace import trace_probe
 
 
 def _eqn(jaxpr, name):

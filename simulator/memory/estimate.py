@@ -11,7 +11,7 @@ traced shape times its NamedSharding's per-device shape
                Adafactor factors, master copy, counters);
   activations  what the backward pass keeps (the residuals JAX saves under
                the remat policy, scan-stacked over layers, those XLA fuses
-               away left out: simulator.trace.fused_residuals) and the batch;
+               away left out: simulator.tracing.trace.fused_residuals) and the batch;
                offloaded residuals are `host_bytes`, not HBM.
 An argument the step never reads (Adafactor's placeholder moments) is left
 out, as jit drops it; on TPU each argument is counted in its tiled layout
@@ -34,7 +34,7 @@ XLA's `peak_memory_in_bytes`.
 
 Batch rescaling: every value's bytes are either fixed or linear in the
 global batch at a fixed mesh. The step is traced once, at the probe batch
-(simulator.batch_probe), which tells the two apart by shape;
+(simulator.tracing.batch_probe), which tells the two apart by shape;
 `estimate.at_batch(b)` is exact for any b the mesh divides, without
 retracing (`memory_report` does both).
 """
@@ -52,13 +52,13 @@ import jax.numpy as jnp
 from meshes.layout import MeshPlan, abstract_mesh
 from models import scopes
 from models.config import ModelConfig
-from simulator.batch_probe import carries_batch, require_probe, rescale
+from simulator.tracing.batch_probe import carries_batch, require_probe, rescale
 from simulator.memory import capacity, liveness, xla_rules
 from simulator.memory.tiling import tpu_tiled_bytes
 from simulator.settings import TrainSettings
 from simulator.step import (HOST as PINNED, device_bytes, device_shape,
                             trainable_params)
-from simulator.trace import Residual, Traced, read_inputs, trace_probe
+from simulator.tracing.trace import Residual, Traced, read_inputs, trace_probe
 
 # Runtime and fragmentation overhead as a fraction of the compiled-comparable
 # peak. Seed 001 gives 5-20% ("typically"), and its worked estimator uses 10%;
@@ -248,7 +248,7 @@ def _require_loss(jaxpr) -> None:
 
 def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   """The estimate for the step traced at the probe batch
-  (simulator.trace.trace_probe) on `plan`'s chip, at that batch: call
+  (simulator.tracing.trace.trace_probe) on `plan`'s chip, at that batch: call
   `at_batch` for a real one."""
   step = traced.step
   batch = step.batch["inputs"].shape[0]

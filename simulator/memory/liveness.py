@@ -16,7 +16,7 @@ holds a value differently, a rule of simulator.memory.xla_rules says so.
 The transient peak is the largest live set over program points, as XLA's
 heap simulator computes it over its schedule. Sizes are per device
 (`sharding.shard_shape`), split into fixed and batch-linear bytes by the
-probe batch (simulator.batch_probe), so the peak at any batch is the
+probe batch (simulator.tracing.batch_probe), so the peak at any batch is the
 maximum over points of fixed + linear * scale, without retracing; only the
 points that can be that maximum for some batch are kept.
 """
@@ -31,7 +31,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from models.scopes import scopes_of
-from simulator.batch_probe import carries_batch
+from simulator.tracing.batch_probe import carries_batch
 from simulator.memory import xla_rules
 
 Bytes = tuple[int, int]  # (fixed, linear at the traced batch)

@@ -10,7 +10,7 @@ dims are minor (major_to_minor) to waste least: e.g. a (50257, 192) f32 shard
 is stored with 50257 minor.
 
 `tpu_tiled_bytes` predicts that layout; `layout_bytes` measures a layout the
-compiler chose (simulator.compiled checks the two agree, leaf by leaf).
+compiler chose (simulator.xla.compiled checks the two agree, leaf by leaf).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The heap simulation (simulator.memory.liveness) gives every value a buffer
 from the equation that makes it to the last one that reads it. These rules
 say where XLA differs from that, each with the compiled dump it was read
 off (buffers live at the peak: `python -m experiments.validate ...
---dump_dir=DIR`, rebuilt by simulator.xla_peak):
+--dump_dir=DIR`, rebuilt by simulator.xla.xla_peak):
 
   fusion          an elementwise value read only by elementwise ops, views or
                   reductions is computed inside its readers' fusion: no
@@ -119,12 +119,12 @@ import numpy as np
 from jax.extend import core as jcore
 
 from models import scopes
-from simulator import mesh_class
-from simulator.batch_probe import carries_batch, matmul_kind
+from simulator.tracing import mesh_class
+from simulator.tracing.batch_probe import carries_batch, matmul_kind
 from simulator.memory.tiling import TILE_MINOR
-from simulator.program import subjaxprs
+from simulator.tracing.program import subjaxprs
 from simulator.step import device_shape
-from simulator.trace import VIEW_OPS, fusible, spec_of
+from simulator.tracing.trace import VIEW_OPS, fusible, spec_of
 
 # Ops XLA puts in a loop fusion besides elementwise ones.
 _LOOP_OPS = {"slice", "dynamic_slice", "concatenate", "pad", "split", "rev",
@@ -175,7 +175,7 @@ def absorbs(eqn) -> bool:
 
 
 def _matmul_kind(eqn) -> str | None:
-  """simulator.batch_probe.matmul_kind of a dot_general (None otherwise)."""
+  """simulator.tracing.batch_probe.matmul_kind of a dot_general (None otherwise)."""
   if eqn.primitive.name != "dot_general":
     return None
   return matmul_kind(*(v.aval.shape for v in (*eqn.invars, eqn.outvars[0])))

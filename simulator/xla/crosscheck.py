@@ -13,9 +13,11 @@ from meshes.layout import abstract_mesh, parse_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
-from simulator import comms, compiled, memory
+from simulator.timing import comms
+from simulator.xla import compiled
+from simulator import memory
 from simulator.settings import TrainSettings, settings_from
-from simulator.trace import trace
+from simulator.tracing.trace import trace
 
 
 def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,

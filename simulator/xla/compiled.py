@@ -28,7 +28,7 @@ Figures read (per device, bytes):
     donated outputs sharing their argument's buffer). Both are kept:
     `peak_bytes` / `peak_source`, and `bound_bytes`.
   cost_analysis(): flops, bytes accessed, optimal_seconds (TPU only).
-  collectives: `simulator.hlo_collectives.parse_collectives` on the compiled HLO.
+  collectives: `simulator.xla.hlo_collectives.parse_collectives` on the compiled HLO.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ import numpy as np
 from meshes import layout
 from meshes.topology import parse_topology
 from models.config import ModelConfig
-from simulator import hlo_collectives, xla_peak
+from simulator.xla import hlo_collectives, xla_peak
 from simulator.memory.tiling import layout_bytes
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step, device_bytes, device_shape
-from simulator.trace import read_inputs
+from simulator.tracing.trace import read_inputs
 
 Progress = Callable[[str], None]
 
@@ -482,7 +482,7 @@ def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
 def compare_collectives(symbolic, hlo_summary: dict[str, dict[str, int]]
                         ) -> dict[str, Any]:
   """Per-device bytes per step by "kind@axis": the traced program's collectives
-  (simulator.comms) vs the compiled HLO's, both as V (the gathered result of an
+  (simulator.timing.comms) vs the compiled HLO's, both as V (the gathered result of an
   all-gather, the unreduced input of a reduce-scatter, the array otherwise).
 
   XLA may rewrite what the shardings imply (an all-reduce plus a slice for a

@@ -23,7 +23,7 @@ from jax.extend import core as jcore
 
 from models import scopes as model_scopes
 from models.config import ModelConfig
-from simulator.batch_probe import probe_settings
+from simulator.tracing.batch_probe import probe_settings
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step
 
@@ -248,6 +248,6 @@ def trace(cfg: ModelConfig, settings: TrainSettings, mesh,
 
 def trace_probe(cfg: ModelConfig, settings: TrainSettings, mesh,
                 residuals: bool = True) -> Traced:
-  """The step traced at the probe batch (simulator.batch_probe): what the
+  """The step traced at the probe batch (simulator.tracing.batch_probe): what the
   memory and timing estimates read, once, for every batch size."""
   return trace(cfg, probe_settings(cfg, settings, mesh.size), mesh, residuals)

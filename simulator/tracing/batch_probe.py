@@ -64,7 +64,7 @@ def require_probe(batch: int, devices: int, what: str,
   """Refuse a trace that was not taken at the probe batch."""
   if batch != PROBE * devices * grad_accum:
     raise ValueError(f"{what} needs the step traced at the probe batch "
-                     f"(simulator.trace.trace_probe), not batch {batch}")
+                     f"(simulator.tracing.trace.trace_probe), not batch {batch}")
 
 
 def probe_settings(cfg: ModelConfig, settings: TrainSettings,

@@ -1,6 +1,6 @@
 """Read the sharded train-step jaxpr: every collective its shardings imply, every matmul.
 
-One walk over the traced program (simulator.trace) under the Explicit X/Y mesh. Rules
+One walk over the traced program (simulator.tracing.trace) under the Explicit X/Y mesh. Rules
 (the same XLA's SPMD partitioner applies to these shardings):
 
 - `reshard` src → dst: a mesh axis dropped from a dim is an all-gather over that axis
@@ -33,8 +33,8 @@ from jax.extend import core as jcore
 
 from models import scopes
 from models.scopes import scopes_of
-from simulator import mesh_class
-from simulator.batch_probe import matmul_kind
+from simulator.tracing import mesh_class
+from simulator.tracing.batch_probe import matmul_kind
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
           "reduce_precision", "squeeze", "expand_dims", "reshape", "neg",
@@ -89,7 +89,7 @@ class Dot:
   x_exp: int  # per-device FLOPs ∝ X^-x_exp · Y^-y_exp at fixed global batch
   y_exp: int
   dims: tuple[int, ...]  # output then contracting dims: FLOPs = 2·their product
-  kind: str = "activation"  # simulator.batch_probe.matmul_kind
+  kind: str = "activation"  # simulator.tracing.batch_probe.matmul_kind
   # (K, N) on one device: the contracting and the rhs's free dims' products,
   # per dot_general batch instance: the [K, N] operand the MXU holds in
   # tiles (TPU Scaling Book, "How to Think About TPUs": the MXU does
@@ -559,6 +559,6 @@ def read_program(closed_jaxpr, data_invars: int) -> Program:
 
 
 def read_traced(traced) -> Program:
-  """The Program of a simulator.trace.Traced step."""
+  """The Program of a simulator.tracing.trace.Traced step."""
   n_data = len(jax.tree.leaves(traced.step.batch))
   return read_program(traced.jaxpr, n_data)

@@ -1,6 +1,6 @@
 """Collectives of the traced train step and their time on ICI.
 
-The collectives are read off the sharded program (simulator.program); this module
+The collectives are read off the sharded program (simulator.tracing.program); this module
 times them.
 
 Ring cost (TPU Scaling Book, "Sharded Matrices" / "Training"): an all-gather over a
@@ -25,22 +25,22 @@ Across TPU slices (an axis spanning h slices of l chips each, meshes.layout) the
 collective is hierarchical, as XLA runs multi-slice collectives: the ICI ring
 over l on V, plus the DCN ring over h on V/l with f = (h-1)/h, at the slice's
 per-chip DCN bandwidth (meshes.network). GPU topologies are timed as NCCL times
-them (simulator.nccl): ring, tree, NVLS and hierarchical algorithms with
+them (simulator.timing.nccl): ring, tree, NVLS and hierarchical algorithms with
 per-hop latencies. `collective_cost` picks the model for the topology.
 """
 
 from __future__ import annotations
 
 from meshes.layout import MeshPlan
-from simulator import nccl
-from simulator.nccl import Cost
-from simulator.program import Collective, read_traced
+from simulator.timing import nccl
+from simulator.timing.nccl import Cost
+from simulator.tracing.program import Collective, read_traced
 
 RINGS = ("book", "exact")
 
 
 def collectives(traced, plan: MeshPlan | None = None) -> list[Collective]:
-  """Every collective the traced step's shardings imply (see simulator.program).
+  """Every collective the traced step's shardings imply (see simulator.tracing.program).
 
   plan is accepted for symmetry with the timing functions; the mesh sizes are read
   from the program itself.

@@ -3,7 +3,7 @@ hierarchical algorithms, a latency per hop and a bus bandwidth per tier.
 
 Conventions are nccl-tests' (PERFORMANCE.md in NVIDIA/nccl-tests): an operation
 of S bytes (all-reduce: the array; all-gather: the gathered output; reduce-
-scatter: the unreduced input; simulator.comms' V per device is exactly that S)
+scatter: the unreduced input; simulator.timing.comms' V per device is exactly that S)
 that takes t seconds has algBw = S/t and
 
     busBw = algBw · 2(n-1)/n (all-reduce),  algBw · (n-1)/n (all-gather,

@@ -1,7 +1,7 @@
 """Roofline of the traced step: T_math vs T_comm per layer, the compute-bound batch
 threshold, step time, MFU, and the best X×Y split.
 
-Derivation. Trace the step once, at the probe batch (simulator.batch_probe). Every
+Derivation. Trace the step once, at the probe batch (simulator.tracing.batch_probe). Every
 collective's per-device bytes and every matmul's FLOPs are exactly linear in the
 global token count T (activations carry the batch dim, weights do not), and the
 probe trace tells which values carry it:
@@ -9,7 +9,7 @@ probe trace tells which values carry it:
     bytes_c(T) = b0_c + b1_c·T,        flops_layer(T) = f0 + f1·T   (per device).
 
 Per layer instance (one scan iteration of the blocks; "top" is everything outside
-the layer scan), with T_c from simulator.comms.collective_cost (the TPU ring, or
+the layer scan), with T_c from simulator.timing.comms.collective_cost (the TPU ring, or
 NCCL's algorithms on GPUs, whose latency is part of c0):
 
     T_math(T) = (f0 + f1·T)/C,         T_comm(T) = Σ_c T_c(bytes_c(T)) = c0 + c1·T
@@ -57,11 +57,11 @@ import numpy as np
 
 from meshes.layout import MeshPlan, abstract_mesh, mesh_shapes, plan_mesh
 from models import moe, scopes
-from simulator.batch_probe import carries_batch, require_probe
-from simulator.comms import collective_cost
-from simulator.program import Program, read_traced
+from simulator.tracing.batch_probe import carries_batch, require_probe
+from simulator.timing.comms import collective_cost
+from simulator.tracing.program import Program, read_traced
 from simulator.settings import TrainSettings
-from simulator.trace import Traced, trace_probe
+from simulator.tracing.trace import Traced, trace_probe
 
 PASSES = {"forward": ("forward",), "train": ("forward", "backward"),
           "step": ("forward", "backward", "optimizer")}
@@ -207,7 +207,7 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
         expert_fraction: float = 1.0) -> MeshModel:
   """Per-collective and per-matmul linear fits from one probe-batch trace.
 
-  A value traced at the probe batch (simulator.batch_probe) either carries the
+  A value traced at the probe batch (simulator.tracing.batch_probe) either carries the
   batch (all of its bytes or FLOPs are the per-token term) or does not (all of
   them are the fixed term); `tokens` is the probe trace's global token count.
   expert_fraction: routed token choices over expert slots
@@ -244,7 +244,7 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   """Trace the step on `plan` at the probe batch and fit the linear model.
 
   `traced`: the step already traced on `plan` at the probe batch
-  (simulator.trace.trace_probe), reused; only its program is read.
+  (simulator.tracing.trace.trace_probe), reused; only its program is read.
   """
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan), residuals=False)

@@ -1,7 +1,7 @@
 """Trace once per structural class of meshes; read every other mesh off it.
 
 All meshes of one slice have the same chip count N, so the step traced at
-the probe batch (PROBE·N sequences, simulator.batch_probe) has the same
+the probe batch (PROBE·N sequences, simulator.tracing.batch_probe) has the same
 global shapes on every X×Y = N. What the mesh's sizes change is only the
 per-device shape of each value (its global dims divided by the sizes of the
 axes its sharding names) and the sizes the collectives run over; the program
@@ -15,7 +15,7 @@ collectives run) is the same wherever these are the same:
   axis (simulator.step.pad_vocab changes a global shape).
 
 That is the class key (`class_key`). Inside a class, the estimators
-(simulator.memory, simulator.roofline) run again on the one traced program
+(simulator.memory, simulator.timing.roofline) run again on the one traced program
 with the target mesh's sizes (`resized`): every size-dependent rule (TPU tile
 padding, XLA rules comparing buffer sizes, partial-sum merging, collective
 costs) is evaluated at the target sizes by the same code a real trace at that
@@ -51,8 +51,8 @@ from meshes.layout import AXIS_NAMES, MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from simulator.settings import TrainSettings
 
-if TYPE_CHECKING:  # simulator.trace imports simulator.step, which imports this
-  from simulator.trace import Traced
+if TYPE_CHECKING:  # simulator.tracing.trace imports simulator.step, which imports this
+  from simulator.tracing.trace import Traced
 
 
 class NotInClass(ValueError):
@@ -147,7 +147,7 @@ def _shard_map_dims(jaxpr, resize: Resize) -> None:
   residual JAX stacks over the one axis it varies on: global dim = body dim
   x that axis's size, a global shape that depends on the mesh) is given its
   body's."""
-  from simulator.program import subjaxprs
+  from simulator.tracing.program import subjaxprs
   local = resize.local
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "shard_map":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from simulator.program import Dot, Program, read_traced
+from simulator.tracing.program import Dot, Program, read_traced
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ class FlopCount:
 
 
 def count_flops(program_or_traced) -> FlopCount:
-  """FLOPs of a Program, or of a simulator.trace.Traced step."""
+  """FLOPs of a Program, or of a simulator.tracing.trace.Traced step."""
   program = (program_or_traced if isinstance(program_or_traced, Program)
              else read_traced(program_or_traced))
   by_phase, by_layer = collections.Counter(), collections.Counter()
