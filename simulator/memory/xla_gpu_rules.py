@@ -1,0 +1,141 @@
+"""What XLA:GPU does differently from XLA:TPU with the traced program's
+values, as named rules (simulator.memory.xla_rules holds the TPU-read ones;
+these replace some of them when the target is a GPU).
+
+Each was read off the dumps of a GPU corpus row (experiments.gpu_corpus,
+compiled deviceless through the CUDA plugin; the buffers live at XLA's peak
+rebuilt by simulator.xla_peak: `python -m experiments.validate ...
+--dump_dir=DIR`):
+
+  no output       XLA:GPU emits a matmul as a GEMM (a Triton or cuBLAS
+  fusion          custom fusion) whose result is a buffer of its own; the
+                  elementwise chain that reads it is a separate loop fusion
+                  with its own output buffer, where the TPU takes the chain
+                  into the matmul's output fusion. In the flash backward of
+                  gpt2 h100:2x8 8x2 dots (corpus #2) the two score-sized
+                  matmuls' f32 results (gemm_fusion_dot.84/.85,
+                  f32[24,512,1024]) and the bf16 p and ds made from them
+                  (loop_convert_fusion{0}/{1}, bf16[4,6,512,1024,1]) are
+                  live together at XLA's peak, four buffers where the TPU
+                  rule gives three; the biases of gpt2's projections are
+                  added by their own fusions (loop_add_fusion.15
+                  .../attn/q/add, bf16[1,4,6,64,1024]) after the GEMM.
+  no hoisted      XLA:GPU does not take a loop's per-layer weight casts out
+  weight stacks   of the loop, nor copy a stacked weight argument into
+                  another layout before it: a GEMM fusion reads its operand
+                  slice and converts it itself. The dumps of gpt2 a100:8
+                  8x1 zero1 names:qkv,mlpwo (#11, MLP stacks
+                  f32[12,768,3072] not sharded over X) hold no
+                  bf16[12,768,3072] or bf16[12,3072,768] value and no
+                  f32 copy of either stack; the TPU rules (hoisted casts,
+                  transposed weights, copied cast weights) give both.
+  gathered        what XLA:GPU does copy before a loop: a stacked weight
+  stacks          argument whose per-layer slice the loop all-gathers over
+  transposed      a dim that is not the slice's major-most (FSDP over the
+                  d_model dim of attention's output projection
+                  [heads, head_dim, d_model] and the MLP's down projection
+                  [mlp, d_model]) is transposed whole, in its stored dtype,
+                  so the gathered dim is major (NCCL concatenates contiguous
+                  chunks): wrapped_transpose.1/.2 f32[512,32,16,128] and
+                  f32[512,32,7168] of the parameters attn/o and mlp/wo,
+                  live through the layers' forward and backward loops, at
+                  the peak of mistral_7b h100:2x8 8x2 (#6); the same two in
+                  gpt2 h100:8 8x1 (#0, f32[96,12,12,64], f32[96,12,3072])
+                  and h100:2x8 4x4 (#1); the projections gathered on their
+                  major dim (q, k, v, wi) are not copied.
+  late gradient  a weight gradient the step makes outside its loops (the
+  collectives    output projection's, in the loss's backward) is reduced
+                  over X late: XLA:GPU's scheduler issues its async
+                  collective after the layers' backward, so the whole
+                  f32 gradient is held until then. In llama2_7b h100:8 8x1
+                  (#3) the output projection's gradient gemm_fusion_dot.91,
+                  f32[32000,4096], is made at schedule position 233 (the
+                  loss's backward) and live until all-reduce-start at 587,
+                  after the layers' backward loop (while.168, 352) and the
+                  embedding's reduce-scatter (582): 0.49 GiB at XLA's peak
+                  in the layers' backward. Simulated as the traced order's
+                  variant (liveness.simulate runs the step with weight
+                  gradients deferred and in the traced order, and keeps the
+                  larger peak): on a GPU the traced order keeps each such
+                  matmul where it is and moves what is made from it alone
+                  (its reduce-scatter, the sum into the update) as late as
+                  its readers allow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from jax.extend import core as jcore
+
+from simulator.memory import xla_rules
+from simulator.program import subjaxprs
+from simulator.trace import spec_of
+
+
+def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool) -> set:
+  """The values made inside matmuls' output fusions
+  (xla_rules.matmul_fusion_chain); none on a GPU (the no-output-fusion
+  rule)."""
+  return set() if gpu else xla_rules.matmul_fusion_chain(eqns, readers, outs)
+
+
+def weight_stacks(jaxpr, local: bool, gpu: bool) -> tuple[dict, set]:
+  """The weight stacks made outside loops, {(stack, dtype, rule): (first
+  loop index, last loop index, (fixed, linear) bytes)}, and the ids of the
+  casts they replace: xla_rules.hoisted_stacks on a TPU; on a GPU the
+  gathered-stacks-transposed rule's copies, and no hoisted casts."""
+  if not gpu:
+    return xla_rules.hoisted_stacks(jaxpr, local)
+  stacks: dict = {}
+  arguments = set(jaxpr.invars)
+  for i, eqn in enumerate(jaxpr.eqns):
+    if eqn.primitive.name != "scan":
+      continue
+    body = next(subjaxprs(eqn))[1]
+    first_xs = eqn.params["num_consts"] + eqn.params["num_carry"]
+    outer = {a: b for a, b in zip(body.invars[first_xs:],
+                                  eqn.invars[first_xs:])
+             if isinstance(b, jcore.Var) and b in arguments}
+    for stack in _gathered_off_major(body, outer):
+      shape = xla_rules.shape_of(stack.aval, local)
+      key = (stack, np.dtype(stack.aval.dtype), "gather")
+      first = stacks.get(key, (i,))[0]
+      stacks[key] = (first, i, (math.prod(shape) * key[1].itemsize, 0))
+  return stacks, set()
+
+
+def _gathered_off_major(body, outer: dict) -> set:
+  """The stacked arguments (`outer`: a body input -> the stack it slices)
+  whose slice, through views and casts, `body` or a call in it reshards
+  from a dim other than the slice's first sharded to unsharded (an
+  all-gather off the major dim)."""
+  found: set = set()
+  slices: dict = dict(outer)
+  for eqn in body.eqns:
+    ins = [v for v in eqn.invars if isinstance(v, jcore.Var) and v in slices]
+    if not ins:
+      continue
+    name = eqn.primitive.name
+    if xla_rules.is_view(eqn) or name == "convert_element_type":
+      slices[eqn.outvars[0]] = slices[ins[0]]
+    elif name == "reshard":
+      before, after = spec_of(eqn.invars[0].aval), spec_of(eqn.outvars[0].aval)
+      if any(a is not None and b != a for a, b in
+             list(zip(before, after))[1:]):
+        found.add(slices[ins[0]])
+    elif name not in ("scan", "while"):  # another loop's slices are its own
+      for sub in (s for _, s in subjaxprs(eqn)):
+        if len(sub.invars) == len(eqn.invars):
+          found |= _gathered_off_major(sub, {
+              a: slices[b] for a, b in zip(sub.invars, eqn.invars)
+              if isinstance(b, jcore.Var) and b in slices})
+  return found
+
+
+def late_gradient_collectives(jaxpr):
+  """`jaxpr` in the traced order with what is made from each weight-gradient
+  matmul alone moved as late as its readers allow, the matmul kept (the
+  late-gradient-collectives rule)."""
+  return xla_rules.defer_weight_grads(jaxpr, keep_matmuls=True)
