@@ -49,6 +49,58 @@ def test_a_weight_gradient_is_a_buffer_on_either_target():
   assert _buffers(fn, *args, gpu=False) == _buffers(fn, *args, gpu=True)
 
 
+def _flash_like(q, k, lse, v, w):
+  """p = exp(q @ k - lse) read by its bf16 cast (into a matmul) and by
+  ds = p * (dp - 1) cast to bf16, dp another matmul made after the first's
+  use of the cast p."""
+  p = jnp.exp(q @ k - lse)
+  dv = p.astype(jnp.bfloat16) @ w
+  dp = (v @ w).astype(jnp.float32)
+  ds = (p * (dp - 1.0)).astype(jnp.bfloat16)
+  return dv, ds @ w
+
+
+def _plan(fn, *args):
+  j = jax.make_jaxpr(fn)(*args).jaxpr
+  plan = liveness._Simulation(True).plan(j, False, ())
+  producer = {v: e for e in plan.jaxpr.eqns for v in e.outvars}
+  return plan, producer
+
+
+def test_two_fusions_computing_one_value_are_made_together_on_a_gpu():
+  """The cast p lives until ds is made (one multi-output fusion makes
+  both), not only until the matmul that reads it."""
+  x = jax.ShapeDtypeStruct((PROBE, 16), jnp.float32)
+  plan, producer = _plan(_flash_like, x, jnp.ones((16, 32)),
+                         jax.ShapeDtypeStruct((PROBE, 1), jnp.float32),
+                         jax.ShapeDtypeStruct((PROBE, 32), jnp.bfloat16),
+                         jnp.ones((32, 32), jnp.bfloat16))
+  eqns = plan.jaxpr.eqns
+  casts = [i for i, e in enumerate(eqns)
+           if e.primitive.name == "convert_element_type"
+           and e.outvars[0].aval.dtype == jnp.bfloat16
+           and plan.size[e.outvars[0]] != (0, 0)]
+  p_cast, ds_cast = casts
+  got = xla_gpu_rules.multi_output_fusions(eqns, plan.size, producer)
+  assert got == {eqns[p_cast].outvars[0]: ds_cast}
+  freed = next(i for i, vs in plan.frees.items()
+               if eqns[p_cast].outvars[0] in vs)
+  assert freed == ds_cast
+
+
+def test_fusions_reading_one_buffer_are_not_merged():
+  """Two fusions that read the same buffer but compute nothing in common
+  keep their own places."""
+  def fn(x, w):
+    h = x @ w
+    return (h * 2.0).astype(jnp.bfloat16) @ w.T, (h + 1.0).astype(
+        jnp.bfloat16) @ w.T
+  plan, producer = _plan(fn, jax.ShapeDtypeStruct((PROBE, 16), jnp.float32),
+                         jnp.ones((16, 32)))
+  assert xla_gpu_rules.multi_output_fusions(plan.jaxpr.eqns, plan.size,
+                                            producer) == {}
+
+
 def _cast_in_loop(ws, xs):
   def body(c, w):
     return c + jnp.sum(xs @ w.astype(jnp.bfloat16)), None

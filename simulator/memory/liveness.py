@@ -188,6 +188,10 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   reads = {i: list(dict.fromkeys(
       b for w in eqn.invars for b in buffers_read(w, set())))
             for i, eqn in enumerate(eqns)}
+  if gpu:
+    for v, i in xla_gpu_rules.multi_output_fusions(eqns, size,
+                                                   producer).items():
+      last[v] = max(last.get(v, -1), i)
   reuses: dict = {}  # the in-place rule
   taken: set = set()
   for i, eqn in enumerate(eqns):

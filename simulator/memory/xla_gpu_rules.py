@@ -14,10 +14,11 @@ rebuilt by simulator.xla_peak: `python -m experiments.validate ...
                   into the matmul's output fusion. In the flash backward of
                   gpt2 h100:2x8 8x2 dots (corpus #2) the two score-sized
                   matmuls' f32 results (gemm_fusion_dot.84/.85,
-                  f32[24,512,1024]) and the bf16 p and ds made from them
-                  (loop_convert_fusion{0}/{1}, bf16[4,6,512,1024,1]) are
-                  live together at XLA's peak, four buffers where the TPU
-                  rule gives three; the biases of gpt2's projections are
+                  f32[24,512,1024]) are both live at XLA's peak beside the
+                  bf16 p and ds made from them (loop_convert_fusion{0}/{1},
+                  bf16[4,6,512,1024,1]), where the TPU's output fusions
+                  make p and ds and no f32 scores buffer; the biases of
+                  gpt2's projections are
                   added by their own fusions (loop_add_fusion.15
                   .../attn/q/add, bf16[1,4,6,64,1024]) after the GEMM.
   no hoisted      XLA:GPU does not take a loop's per-layer weight casts out
@@ -43,6 +44,20 @@ rebuilt by simulator.xla_peak: `python -m experiments.validate ...
                   gpt2 h100:8 8x1 (#0, f32[96,12,12,64], f32[96,12,3072])
                   and h100:2x8 4x4 (#1); the projections gathered on their
                   major dim (q, k, v, wi) are not copied.
+  multi-output    two loop fusions that compute the same elementwise value
+  fusions         (one the fusion rule gives no buffer) are one
+                  multi-output fusion on a GPU (XLA:GPU's MultiOutputFusion
+                  pass: the value is computed once), so their outputs are
+                  made together, at the later one's place, and the earlier
+                  one's live until then. The flash backward's
+                  p = exp(s - lse) is read by its bf16 cast (for the dV
+                  matmul) and by ds = p * (dp - D) (cast to bf16): XLA:GPU
+                  makes both bf16 values in one fusion after both score
+                  matmuls, loop_convert_fusion{0}/{1} at the peaks of #0
+                  (bf16[4,12,512,1024,1] twice), #3 and mistral_7b
+                  h100:2x8 8x2 (#6, loop_convert_fusion.10,
+                  bf16[2,4,512,4096,4] twice), where program order frees
+                  the cast p at the dV matmul before ds is made.
   late gradient  a weight gradient the step makes outside its loops (the
   collectives    output projection's, in the loss's backward) is reduced
                   over X late: XLA:GPU's scheduler issues its async
@@ -139,3 +154,41 @@ def late_gradient_collectives(jaxpr):
   matmul alone moved as late as its readers allow, the matmul kept (the
   late-gradient-collectives rule)."""
   return xla_rules.defer_weight_grads(jaxpr, keep_matmuls=True)
+
+
+def multi_output_fusions(eqns, size: dict, producer: dict) -> dict:
+  """The multi-output-fusion rule: {buffer: the equation index it must live
+  to}. Two loop fusions that compute the same fused elementwise value (one
+  with no buffer: `size` (0, 0), made by an elementwise op) are one fusion
+  on a GPU, so the earlier one's outputs are made with the later one's and
+  live at least until it."""
+  computed: dict = {}  # a fused value -> the fusions computing it
+
+  def walk(v, i, seen) -> None:
+    if not isinstance(v, jcore.Var) or v in seen or size.get(v) != (0, 0):
+      return
+    seen.add(v)
+    eqn = producer.get(v)
+    if eqn is None:
+      return
+    if not xla_rules.is_view(eqn) and xla_rules.elementwise(eqn):
+      computed.setdefault(v, set()).add(i)
+    for u in eqn.invars:
+      walk(u, i, seen)
+
+  for i, eqn in enumerate(eqns):
+    if xla_rules.loop_fusible(eqn) and any(size[v] != (0, 0)
+                                           for v in eqn.outvars):
+      seen: set = set()
+      for u in eqn.invars:
+        walk(u, i, seen)
+  until: dict = {}
+  for fusions in computed.values():
+    if len(fusions) < 2:
+      continue
+    later = max(fusions)
+    for i in fusions - {later}:
+      for v in eqns[i].outvars:
+        if size[v] != (0, 0):
+          until[v] = max(until.get(v, later), later)
+  return until
