@@ -18,9 +18,9 @@ rebuilt by simulator.xla_peak: `python -m experiments.validate ...
                   bf16 p and ds made from them (loop_convert_fusion{0}/{1},
                   bf16[4,6,512,1024,1]), where the TPU's output fusions
                   make p and ds and no f32 scores buffer; the biases of
-                  gpt2's projections are
-                  added by their own fusions (loop_add_fusion.15
-                  .../attn/q/add, bf16[1,4,6,64,1024]) after the GEMM.
+                  gpt2's projections are added by their own fusions
+                  (loop_add_fusion.15 .../attn/q/add, bf16[1,4,6,64,1024])
+                  after the GEMM.
   no hoisted      XLA:GPU does not take a loop's per-layer weight casts out
   weight stacks   of the loop, nor copy a stacked weight argument into
                   another layout before it: a GEMM fusion reads its operand
@@ -68,13 +68,12 @@ rebuilt by simulator.xla_peak: `python -m experiments.validate ...
                   loss's backward) and live until all-reduce-start at 587,
                   after the layers' backward loop (while.168, 352) and the
                   embedding's reduce-scatter (582): 0.49 GiB at XLA's peak
-                  in the layers' backward. Simulated as the traced order's
-                  variant (liveness.simulate runs the step with weight
-                  gradients deferred and in the traced order, and keeps the
-                  larger peak): on a GPU the traced order keeps each such
-                  matmul where it is and moves what is made from it alone
-                  (its reduce-scatter, the sum into the update) as late as
-                  its readers allow.
+                  in the layers' backward. Simulated as a third schedule
+                  (liveness.simulate runs the step with weight gradients
+                  deferred and in the traced order, and keeps the largest
+                  peak): the traced order with each such matmul where it
+                  is and what is made from it alone (its reduce-scatter,
+                  the sum into the update) as late as its readers allow.
 """
 
 from __future__ import annotations
@@ -124,8 +123,8 @@ def weight_stacks(jaxpr, local: bool, gpu: bool) -> tuple[dict, set]:
 def _gathered_off_major(body, outer: dict) -> set:
   """The stacked arguments (`outer`: a body input -> the stack it slices)
   whose slice, through views and casts, `body` or a call in it reshards
-  from a dim other than the slice's first sharded to unsharded (an
-  all-gather off the major dim)."""
+  on a dim other than the slice's first (an all-gather off its major
+  dim)."""
   found: set = set()
   slices: dict = dict(outer)
   for eqn in body.eqns:
