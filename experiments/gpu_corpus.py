@@ -48,4 +48,7 @@ CASES: list[Case] = [
          "adamw", GC),
     Case("gpt2", "h100:2x8", "16x1", 64, 1024, "dots", "adamw", GC,
          shard="dp"),
+    # Tuned on after the held-out part was read out: a 2-host TP-heavy
+    # mesh of its own (Y = 8, a whole host).
+    Case("mistral_7b", "h100:2x8", "2x8", 16, 2048, "full", "adamw", G),
 ]

@@ -12,7 +12,7 @@ from meshes.topology import parse_topology
 from models import scopes
 from models.registry import load_model
 from simulator.batch_probe import PROBE
-from simulator.memory import liveness, xla_gpu_rules
+from simulator.memory import liveness, xla_gpu_rules, xla_rules
 from simulator.settings import TrainSettings
 from simulator.trace import trace_probe
 
@@ -183,6 +183,29 @@ def test_the_output_projection_gradient_is_reduced_late_on_a_gpu():
   vocab, d_model = 256 // 2, 64  # the head's [d_model, vocab@Y], unsharded X
   assert any(scopes.LOSS in b.scopes and b.dtype == "float32"
              and math.prod(b.shape) == vocab * d_model for b in live)
+
+
+def _final_norm_scale_grad(jaxpr) -> int:
+  return next(i for i, e in enumerate(jaxpr.eqns)
+              if xla_gpu_rules.weight_gradient_reduction(e)
+              and "final_norm" in scopes.scopes_of(e.source_info.name_stack))
+
+
+def test_the_final_norm_scale_gradient_is_deferred_on_a_gpu():
+  """The deferred order on a GPU moves the final norm's scale gradient (a
+  batch-summing reduce) after the layers' backward; the TPU rule moves
+  only weight-gradient matmuls. Forward reductions (the loss) stay."""
+  plan = plan_mesh(parse_topology("h100:8"), 4, 2)
+  j = trace_probe(load_model("tiny"), TrainSettings(batch=8, seq=128),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  layers = lambda jx: max(i for i, e in enumerate(jx.eqns)
+                          if e.primitive.name == "scan")
+  tpu = xla_rules.defer_weight_grads(j)
+  assert _final_norm_scale_grad(tpu) < layers(tpu)
+  gpu = xla_gpu_rules.defer_step_weight_grads(j)
+  assert _final_norm_scale_grad(gpu) > layers(gpu)
+  assert not any(xla_gpu_rules.weight_gradient_reduction(e) for e in j.eqns
+                 if "transpose(" not in str(e.source_info.name_stack))
 
 
 def test_the_late_order_is_simulated_only_for_a_gpu():

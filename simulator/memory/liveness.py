@@ -230,6 +230,7 @@ class _Simulation:
 
   def __init__(self, gpu: bool = False):
     self.gpu = gpu  # the target is a GPU: xla_gpu_rules apply
+    self.top = None  # id of the step's own jaxpr (simulate sets it)
     self.plans: dict = {}
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
@@ -241,7 +242,9 @@ class _Simulation:
     "late", that order with their collectives late (xla_gpu_rules)."""
     key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
-      if order == "deferred":
+      if order == "deferred" and self.gpu and id(jaxpr) == self.top:
+        jaxpr = xla_gpu_rules.defer_step_weight_grads(jaxpr)
+      elif order == "deferred":
         jaxpr = xla_rules.defer_weight_grads(jaxpr)
       elif order == "late":
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
@@ -452,6 +455,7 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False) -> Points:
   XLA is seen to pick (xla_rules: deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   sim = _Simulation(gpu)
+  sim.top = id(jaxpr)
   in_place = tuple(xla_rules.donated_in_place(
       jaxpr, jaxpr.outvars[:donated_outputs]))
   points = sim.transient(jaxpr, in_place_out=in_place, prune=False)

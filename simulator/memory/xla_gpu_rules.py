@@ -58,6 +58,19 @@ rebuilt by simulator.xla_peak: `python -m experiments.validate ...
                   h100:2x8 8x2 (#6, loop_convert_fusion.10,
                   bf16[2,4,512,4096,4] twice), where program order frees
                   the cast p at the dV matmul before ds is made.
+  deferred scale the step's own norm-scale gradient (a reduction over the
+  gradients      batch, not a matmul) is deferred with the weight-gradient
+                  matmuls: in mistral_7b h100:2x8 8x2 (#6) and 2x8 (#18)
+                  the final norm's scale gradient (input_reduce_fusion.12)
+                  runs at schedule position 630 / 650, after the layers'
+                  backward loop (while.183 at 621 / 631), so the f32 input
+                  gradient it reads (all-reduce-start.4, f32[8,2048,4096]
+                  in #18, live 257-650) is held through the layers'
+                  backward. Like the deferred weight gradients an upper
+                  bound: on the 8x1 meshes (#0, #3, #11) XLA:GPU runs it
+                  before the layers' backward (positions 236, 223, 282),
+                  so it joins the deferred schedule only, which is
+                  simulated beside the traced ones, the largest peak kept.
   late gradient  a weight gradient the step makes outside its loops (the
   collectives    output projection's, in the loss's backward) is reduced
                   over X late: XLA:GPU's scheduler issues its async
@@ -83,6 +96,7 @@ import math
 import numpy as np
 from jax.extend import core as jcore
 
+from simulator.batch_probe import carries_batch
 from simulator.memory import xla_rules
 from simulator.program import subjaxprs
 from simulator.trace import spec_of
@@ -191,3 +205,19 @@ def multi_output_fusions(eqns, size: dict, producer: dict) -> dict:
         if size[v] != (0, 0):
           until[v] = max(until.get(v, later), later)
   return until
+
+
+def weight_gradient_reduction(eqn) -> bool:
+  """A backward reduce_sum that sums the batch away: the weight gradient of
+  a norm's scale (or a bias)."""
+  return (eqn.primitive.name == "reduce_sum"
+          and "transpose(" in str(eqn.source_info.name_stack)
+          and carries_batch(eqn.invars[0].aval.shape)
+          and not carries_batch(eqn.outvars[0].aval.shape))
+
+
+def defer_step_weight_grads(jaxpr):
+  """The step's own jaxpr in the deferred order on a GPU: its weight-
+  gradient matmuls and reductions, and what is made from them alone, as
+  late as their readers allow (the deferred-scale-gradients rule)."""
+  return xla_rules.defer_weight_grads(jaxpr, also=weight_gradient_reduction)
