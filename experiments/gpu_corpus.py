@@ -13,8 +13,10 @@ from experiments.validation_corpus import QWEN2_0_5B, Case
 
 GPU_CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
                                 "compiled_gpu_corpus.jsonl")
-GPU_PART = "gpu"  # the corpus part its rows carry
-G = GPU_PART
+GPU_PART = "gpu"  # the part the GPU rules were read off
+GPU_CHECK = "gpu-check"  # cases nobody tuned on, reported apart
+GPU_PARTS = (GPU_PART, GPU_CHECK)
+G, GC = GPU_PARTS
 
 CASES: list[Case] = [
     # GPT-2 on one node and over two (X over InfiniBand, Y inside a node).
@@ -27,4 +29,26 @@ CASES: list[Case] = [
     Case("llama2_7b", "h200:2x8", "16x1", 32, 2048, "dots", "adamw", G),
     Case("mistral_7b", "h100:2x8", "8x2", 16, 4096, "full", "adamw", G),
     Case(QWEN2_0_5B, "a100:8", "8x1", 32, 2048, "full", "adamw", G),
+    # More remats, optimizers, precisions and shard modes (tuned on).
+    Case("gpt2", "h100:8", "4x2", 16, 1024, "none", "adamw", G),
+    Case(QWEN2_0_5B, "h100:2x8", "16x1", 32, 2048, "dots", "adafactor", G),
+    Case("llama3_8b", "h100:2x8", "8x2", 16, 2048, "full", "adamw", G,
+         precision="bf16"),
+    Case("gpt2", "a100:8", "8x1", 32, 1024, "names:qkv,mlpwo", "adamw", G,
+         shard="zero1"),
+    # Held out: the same kinds, compiled after the rules were written and
+    # not tuned on; a 2-host TP-heavy mesh (Y = 8, a whole host).
+    Case("llama2_7b", "h100:2x8", "2x8", 16, 2048, "full", "adamw", GC),
+    Case("gpt2", "h200:2x8", "8x2", 32, 1024, "full", "adafactor", GC,
+         shard="zero1"),
+    Case(QWEN2_0_5B, "h100:8", "4x2", 16, 4096, "full", "adamw", GC,
+         precision="bf16"),
+    Case("mistral_7b", "h200:2x8", "16x1", 32, 2048, "dots", "adamw", GC),
+    Case("llama3_8b", "a100:2x8", "4x4", 16, 4096, "names:qkv,out_proj",
+         "adamw", GC),
+    Case("gpt2", "h100:2x8", "16x1", 64, 1024, "dots", "adamw", GC,
+         shard="dp"),
+    # Tuned on after the held-out part was read out: a 2-host TP-heavy
+    # mesh of its own (Y = 8, a whole host).
+    Case("mistral_7b", "h100:2x8", "2x8", 16, 2048, "full", "adamw", G),
 ]

@@ -29,7 +29,7 @@ from absl import flags
 
 from experiments import cli
 from experiments import gpu_corpus, validation_corpus
-from experiments.gpu_corpus import GPU_PART
+from experiments.gpu_corpus import GPU_PARTS
 from experiments.validation_corpus import DEFAULT_SETTINGS, PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
@@ -67,7 +67,7 @@ def _part(row: dict) -> str:
 def summary(rows: list[dict]) -> list[str]:
   ok = [r for r in rows if "relative_error" in r]
   lines = [f"{len(ok)} of {len(rows)} configs compiled."]
-  for part in (*PARTS, GPU_PART):
+  for part in (*PARTS, *GPU_PARTS):
     of_part = [r for r in ok if _part(r) == part]
     keys = (("arguments", "peak_no_overhead") if part == "toy" else
             ("arguments", "peak", "peak_no_overhead", "temp"))
@@ -156,11 +156,14 @@ def _row(i: int, r: dict) -> list[str]:
 
 
 def write(rows: list[dict], path: str, started: float) -> None:
-  gpu = bool(rows) and all(_part(r) == "gpu" for r in rows)
+  gpu = bool(rows) and all(_part(r) in GPU_PARTS for r in rows)
   target, how = (("NVIDIA GPUs via the CUDA plugin, no GPU", "XLA:GPU's "
                   "arguments plus its temp arena, outputs aliased")
                  if gpu else ("TPU via libtpu", "the TPU compiler's heap "
                               "simulation"))
+  gpu_parts = (", `gpu` (experiments.gpu_corpus: the GPU rules of "
+               "simulator.memory.xla_gpu_rules were read off these), "
+               "`gpu-check` (GPU cases nobody tuned on)")
   head = [f"# Validation: symbolic memory vs the XLA compiler ({target})",
           "",
           "Written by `python -m experiments.validation_matrix"
@@ -171,7 +174,7 @@ def write(rows: list[dict], path: str, started: float) -> None:
           "10% planning overhead, `peak-ovh` is the figure held against "
           "XLA's. Parts: `tune` (the rules were read off these), `check` "
           "(nobody tuned on them), `toy` (sub-4-MiB steps, outside the "
-          f"targets){', `gpu` (experiments.gpu_corpus)' if gpu else ''}. "
+          f"targets){gpu_parts if gpu else ''}. "
           "Settings other than zero3, mixed, flash, one loss "
           "chunk are listed.", "", "## Summary", ""]
   head += summary(rows)

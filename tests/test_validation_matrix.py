@@ -37,6 +37,31 @@ def test_summary_reports_each_part_apart():
          "39.00%" in text
 
 
+def test_the_gpu_corpus_parts_are_reported_apart(tmp_path):
+  """`gpu` (tuned on) and `gpu-check` (held out) each get their own lines,
+  and a table of GPU rows says so in its header."""
+  rows = [_row("gpt2", -0.10, 0.0, "gpu"), _row("gpt2", 0.02, 0.0, "gpu"),
+          _row("llama2_7b", -0.06, 0.0, "gpu-check")]
+  for i, r in enumerate(rows):
+    r["config"]["index"] = i
+  text = "\n".join(vm.summary(rows))
+  assert "peak_no_overhead (2 gpu configs): median 6.00%, worst 10.00%" in text
+  assert "peak_no_overhead (1 gpu-check configs): median 6.00%" in text
+  assert ("under XLA's by more than 5% (gpu-check): 1 of 1: #2 -6.00%"
+          in text), text
+  out = tmp_path / "v.md"
+  for r in rows:
+    r["config"].update(topology="h100:8", mesh="8x1", batch=8, seq=128,
+                       remat="full", optimizer="adamw")
+    r["compiled"].update(argument_bytes=1, temp_bytes=1)
+    r["symbolic"].update(arguments=1, temp=1, peak=1)
+    r["collectives"] = {"symbolic_bytes": 0, "hlo_bytes": 0,
+                        "relative_error": None}
+  vm.write(rows, str(out), 0.0)
+  head = out.read_text().splitlines()[0]
+  assert "NVIDIA GPUs" in head and "`gpu-check`" in out.read_text()
+
+
 def test_an_out_of_hbm_compile_is_a_data_point():
   text = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on "
           "HBM, the total memory required for HLO temporaries (164.95G) "

@@ -4,6 +4,7 @@ from a heap simulation of the traced program.
   estimate   MemoryEstimate: categories, the peak, what is live there
   liveness   the heap simulation (live ranges in program order)
   xla_rules  what XLA holds differently from plain live ranges, as rules
+  xla_gpu_rules  where XLA:GPU differs from those (TPU-read) rules
   tiling     TPU tiled layouts of arguments
 """
 

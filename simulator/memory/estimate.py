@@ -260,7 +260,8 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   tensors = _state_tensors(traced, tiled) + _saved_tensors(traced.residuals)
   donated = len(jax.tree.leaves(step.params)) + len(
       jax.tree.leaves(step.opt_state))
-  points = liveness.simulate(traced.jaxpr, donated)
+  points = liveness.simulate(traced.jaxpr, donated,
+                            gpu=plan.topology.chip.kind == "gpu")
   return dataclasses.replace(
       _assemble(tuple(tensors), points, batch, batch,
                 capacity.capacity_bytes(plan), batch // per_device_batch,

@@ -32,7 +32,7 @@ from jax.extend import core as jcore
 
 from models.scopes import scopes_of
 from simulator.tracing.batch_probe import carries_batch
-from simulator.memory import xla_rules
+from simulator.memory import xla_gpu_rules, xla_rules
 
 Bytes = tuple[int, int]  # (fixed, linear at the traced batch)
 
@@ -116,7 +116,8 @@ class _Plan:
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
-          stacks: dict, held: dict | None = None) -> _Plan:
+          stacks: dict, held: dict | None = None, gpu: bool = False
+          ) -> _Plan:
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out
@@ -145,7 +146,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       else:
         yield c
 
-  chained = xla_rules.matmul_fusion_chain(eqns, readers, outs)
+  chained = xla_gpu_rules.matmul_fusion_chain(eqns, readers, outs, gpu)
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
   dead = xla_rules.dead_equations(jaxpr)
@@ -187,6 +188,10 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   reads = {i: list(dict.fromkeys(
       b for w in eqn.invars for b in buffers_read(w, set())))
             for i, eqn in enumerate(eqns)}
+  if gpu:
+    for v, i in xla_gpu_rules.multi_output_fusions(eqns, size,
+                                                   producer).items():
+      last[v] = max(last.get(v, -1), i)
   reuses: dict = {}  # the in-place rule
   taken: set = set()
   for i, eqn in enumerate(eqns):
@@ -223,24 +228,31 @@ class _Simulation:
   """One walk of a jaxpr and everything it calls. A point is (fixed, linear,
   where, path): path indexes the equations from the top jaxpr down."""
 
-  def __init__(self):
+  def __init__(self, gpu: bool = False):
+    self.gpu = gpu  # the target is a GPU: xla_gpu_rules apply
+    self.top = None  # id of the step's own jaxpr (simulate sets it)
     self.plans: dict = {}
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
 
   def plan(self, jaxpr, local: bool, in_place_out,
-           deferred: bool = True) -> _Plan:
-    """`deferred`: weight gradients moved late (the deferred-weight-gradients
-    rule); else in the traced program's order."""
-    key = (id(jaxpr), local, tuple(map(id, in_place_out)), deferred)
+           order: str = "deferred") -> _Plan:
+    """`order` (ORDERS): "deferred", weight gradients moved late (the
+    deferred-weight-gradients rule); "traced", the traced program's order;
+    "late", that order with their collectives late (xla_gpu_rules)."""
+    key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
-      if deferred:
+      if order == "deferred" and self.gpu and id(jaxpr) == self.top:
+        jaxpr = xla_gpu_rules.defer_step_weight_grads(jaxpr)
+      elif order == "deferred":
         jaxpr = xla_rules.defer_weight_grads(jaxpr)
+      elif order == "late":
+        jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
       jaxpr, held = xla_rules.stream_offloaded_update(jaxpr)
-      stacks, hoisted = xla_rules.hoisted_stacks(jaxpr, local)
+      stacks, hoisted = xla_gpu_rules.weight_stacks(jaxpr, local, self.gpu)
       self.hoisted |= hoisted
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
-                              stacks, held)
+                              stacks, held, self.gpu)
     return self.plans[key]
 
   @staticmethod
@@ -273,12 +285,12 @@ class _Simulation:
         values.remove(key)
 
   def transient(self, jaxpr, local: bool = False, in_place_out=(),
-                prune: bool = True, deferred: bool = True) -> list[tuple]:
+                prune: bool = True, order: str = "deferred") -> list[tuple]:
     """Live bytes of the values `jaxpr` makes, at each of its points that
     can be its peak (every equation's, unless `prune`), not counting its
     inputs (the caller holds them) nor the outputs in `in_place_out`
     (written into the caller's buffers)."""
-    plan = self.plan(jaxpr, local, in_place_out, deferred)
+    plan = self.plan(jaxpr, local, in_place_out, order)
     if id(plan) in self.points:
       return self.points[id(plan)]
     points = []
@@ -304,10 +316,10 @@ class _Simulation:
     return result
 
   def live_at(self, jaxpr, path: tuple, local: bool = False, in_place_out=(),
-              backward: bool = False, deferred: bool = True
+              backward: bool = False, order: str = "deferred"
               ) -> list[LiveBuffer]:
     """The buffers live at the point `path`."""
-    plan = self.plan(jaxpr, local, in_place_out, deferred)
+    plan = self.plan(jaxpr, local, in_place_out, order)
     target, rest = path[0], path[1:]
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
 
@@ -327,7 +339,8 @@ class _Simulation:
           stack, dtype, rule = v
           what = {"cast": f"cast to {dtype}",
                   "matmul": "copied to the transposed layout",
-                  "copy": "copied (its own layout)"}[rule]
+                  "copy": "copied (its own layout)",
+                  "gather": "transposed for its all-gather"}[rule]
           out.append(LiveBuffer(
               f"{stack.aval.str_short()} {what} outside its loop",
               xla_rules.shape_of(stack.aval, local), str(dtype),
@@ -393,7 +406,7 @@ class Points:
   paths: tuple[tuple, ...]
   part: np.ndarray  # each point's index into `parts`
   parts: tuple[str, ...]  # the step's parts: top-level pass and scope
-  deferred: np.ndarray  # per point: the step's weight gradients deferred
+  order: tuple[str, ...]  # per point: its schedule of weight gradients
   _sim: _Simulation = dataclasses.field(repr=False, compare=False)
   _jaxpr: object = dataclasses.field(repr=False, compare=False)
   _in_place: tuple = dataclasses.field(repr=False, compare=False)
@@ -420,37 +433,47 @@ class Points:
     if index not in self._live:
       self._live[index] = self._sim.live_at(
           self._jaxpr, self.paths[index], in_place_out=self._in_place,
-          deferred=bool(self.deferred[index]))
+          order=self.order[index])
     return self._live[index]
 
 
-def simulate(jaxpr, donated_outputs: int) -> Points:
+# The schedules of the step's own weight gradients simulated: deferred
+# (xla_rules), the traced order, the traced order with their collectives late
+# (GPU only: xla_gpu_rules).
+ORDERS = ("deferred", "traced", "late")
+ORDER_NOTES = {"traced": "weight gradients in traced order",
+               "late": "weight gradients in traced order, collectives late"}
+
+
+def simulate(jaxpr, donated_outputs: int, gpu: bool = False) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
-  outputs are written into donated argument buffers. The step's own weight
-  gradients (the output projection's) are simulated both deferred and in
-  the traced order, and the points of both kept, so the peak is the larger
-  of the two schedules XLA is seen to pick (xla_rules: deferred weight
-  gradients)."""
+  outputs are written into donated argument buffers; `gpu`: compiled for a
+  GPU (simulator.memory.xla_gpu_rules). The step's own weight
+  gradients (the output projection's) are simulated deferred and in the
+  traced order (on a GPU also with their collectives late: xla_gpu_rules),
+  and the points of each kept, so the peak is the largest of the schedules
+  XLA is seen to pick (xla_rules: deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  sim = _Simulation()
+  sim = _Simulation(gpu)
+  sim.top = id(jaxpr)
   in_place = tuple(xla_rules.donated_in_place(
       jaxpr, jaxpr.outvars[:donated_outputs]))
   points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
-  deferred = [True] * len(points)
+  order = ["deferred"] * len(points)
   if xla_rules.defer_weight_grads(jaxpr) is not jaxpr:
-    traced_order = [(f, l, f"{w} (weight gradients in traced order)", path)
-                    for f, l, w, path in sim.transient(
-                        jaxpr, in_place_out=in_place, prune=False,
-                        deferred=False)]
-    points += traced_order
-    deferred += [False] * len(traced_order)
+    for other in ORDERS[1:] if gpu else ORDERS[1:2]:
+      more = [(f, l, f"{w} ({ORDER_NOTES[other]})", path)
+              for f, l, w, path in sim.transient(
+                  jaxpr, in_place_out=in_place, prune=False, order=other)]
+      points += more
+      order += [other] * len(more)
   names = [_part(p[2]) for p in points]
   parts = tuple(dict.fromkeys(names))
   return Points(np.array([p[0] for p in points], dtype=np.int64),
                 np.array([p[1] for p in points], dtype=np.int64),
                 tuple(p[2] for p in points), tuple(p[3] for p in points),
                 np.array([parts.index(n) for n in names], dtype=np.int64),
-                parts, np.array(deferred), sim, jaxpr, in_place)
+                parts, tuple(order), sim, jaxpr, in_place)
 
 
 def _part(where: str) -> str:

@@ -383,16 +383,21 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   return stacks, hoisted
 
 
-def defer_weight_grads(jaxpr):
-  """`jaxpr` with every weight-gradient matmul, and what is made from it
-  alone, moved as late as its readers allow (the deferred-weight-gradients
-  rule)."""
+def defer_weight_grads(jaxpr, keep_matmuls: bool = False, also=None):
+  """`jaxpr` with every weight-gradient matmul (and equation `also` says
+  is one), and what is made from it alone, moved as late as its readers
+  allow (the deferred-weight-gradients rule); with `keep_matmuls`, only
+  what is made from them is moved (xla_gpu_rules: late gradient
+  collectives)."""
   eqns = list(jaxpr.eqns)
   deferred: set = set()
   made: set = set()
   for i, e in enumerate(eqns):
     reads = [v for v in e.invars if isinstance(v, jcore.Var)]
-    if _matmul_kind(e) == "weight_grad" or (reads and any(v in made for v in reads) and (
+    seed = _matmul_kind(e) == "weight_grad" or (also is not None and also(e))
+    if seed and keep_matmuls:
+      made.update(e.outvars)
+    elif seed or (reads and any(v in made for v in reads) and (
         len(reads) == 1 or all(v in made for v in reads))
         and not any(True for _ in subjaxprs(e))):  # a call reads on
       deferred.add(i)

@@ -1,0 +1,234 @@
+"""simulator.memory.xla_gpu_rules: each GPU rule on a program where it applies
+and one where it does not; the TPU rules hold where the target is a TPU."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from meshes.layout import abstract_mesh, plan_mesh
+from meshes.topology import parse_topology
+from models import scopes
+from models.registry import load_model
+from simulator.tracing.batch_probe import PROBE
+from simulator.memory import liveness, xla_gpu_rules, xla_rules
+from simulator.settings import TrainSettings
+from simulator.tracing.trace import trace_probe
+
+
+def _buffers(fn, *args, gpu: bool) -> dict[str, int]:
+  """Bytes of each value's own buffer by the op that makes it (0: none)."""
+  j = jax.make_jaxpr(fn)(*args).jaxpr
+  plan = liveness._Simulation(gpu).plan(j, False, ())
+  return {e.primitive.name: sum(plan.size[v])
+          for e in plan.jaxpr.eqns for v in e.outvars}
+
+
+def test_a_gemm_result_is_a_buffer_beside_its_epilogue_on_a_gpu():
+  """p = exp(q @ k - lse): on a TPU the matmul's output fusion makes p, its
+  one buffer; on a GPU the GEMM's result is a buffer and p another."""
+  def fn(q, k, lse):
+    return jnp.exp(q @ k - lse).astype(jnp.bfloat16)
+  args = (jax.ShapeDtypeStruct((PROBE, 16), jnp.float32), jnp.ones((16, 32)),
+          jax.ShapeDtypeStruct((PROBE, 1), jnp.float32))
+  n = PROBE * 32
+  tpu, gpu = _buffers(fn, *args, gpu=False), _buffers(fn, *args, gpu=True)
+  assert (tpu["dot_general"], tpu["exp"]) == (0, 0)
+  assert tpu["convert_element_type"] == n * 2  # the chain's last value
+  assert (gpu["dot_general"], gpu["exp"]) == (n * 4, 0)
+  assert gpu["convert_element_type"] == n * 2
+
+
+def test_a_weight_gradient_is_a_buffer_on_either_target():
+  """A batch-summed matmul (no output fusion on a TPU either) is unchanged."""
+  def fn(x, d):
+    return jnp.exp(x.T @ d)
+  args = (jax.ShapeDtypeStruct((PROBE, 16), jnp.float32),
+          jax.ShapeDtypeStruct((PROBE, 8), jnp.float32))
+  assert _buffers(fn, *args, gpu=False) == _buffers(fn, *args, gpu=True)
+
+
+def _flash_like(q, k, lse, v, w):
+  """p = exp(q @ k - lse) read by its bf16 cast (into a matmul) and by
+  ds = p * (dp - 1) cast to bf16, dp another matmul made after the first's
+  use of the cast p."""
+  p = jnp.exp(q @ k - lse)
+  dv = p.astype(jnp.bfloat16) @ w
+  dp = (v @ w).astype(jnp.float32)
+  ds = (p * (dp - 1.0)).astype(jnp.bfloat16)
+  return dv, ds @ w
+
+
+def _plan(fn, *args):
+  j = jax.make_jaxpr(fn)(*args).jaxpr
+  plan = liveness._Simulation(True).plan(j, False, ())
+  producer = {v: e for e in plan.jaxpr.eqns for v in e.outvars}
+  return plan, producer
+
+
+def test_two_fusions_computing_one_value_are_made_together_on_a_gpu():
+  """The cast p lives until ds is made (one multi-output fusion makes
+  both), not only until the matmul that reads it."""
+  x = jax.ShapeDtypeStruct((PROBE, 16), jnp.float32)
+  plan, producer = _plan(_flash_like, x, jnp.ones((16, 32)),
+                         jax.ShapeDtypeStruct((PROBE, 1), jnp.float32),
+                         jax.ShapeDtypeStruct((PROBE, 32), jnp.bfloat16),
+                         jnp.ones((32, 32), jnp.bfloat16))
+  eqns = plan.jaxpr.eqns
+  casts = [i for i, e in enumerate(eqns)
+           if e.primitive.name == "convert_element_type"
+           and e.outvars[0].aval.dtype == jnp.bfloat16
+           and plan.size[e.outvars[0]] != (0, 0)]
+  p_cast, ds_cast = casts
+  got = xla_gpu_rules.multi_output_fusions(eqns, plan.size, producer)
+  assert got == {eqns[p_cast].outvars[0]: ds_cast}
+  freed = next(i for i, vs in plan.frees.items()
+               if eqns[p_cast].outvars[0] in vs)
+  assert freed == ds_cast
+
+
+def test_fusions_reading_one_buffer_are_not_merged():
+  """Two fusions that read the same buffer but compute nothing in common
+  keep their own places."""
+  def fn(x, w):
+    h = x @ w
+    return (h * 2.0).astype(jnp.bfloat16) @ w.T, (h + 1.0).astype(
+        jnp.bfloat16) @ w.T
+  plan, producer = _plan(fn, jax.ShapeDtypeStruct((PROBE, 16), jnp.float32),
+                         jnp.ones((16, 32)))
+  assert xla_gpu_rules.multi_output_fusions(plan.jaxpr.eqns, plan.size,
+                                            producer) == {}
+
+
+def _cast_in_loop(ws, xs):
+  def body(c, w):
+    return c + jnp.sum(xs @ w.astype(jnp.bfloat16)), None
+  return jax.lax.scan(body, jnp.zeros((), jnp.bfloat16), ws)[0]
+
+
+def test_no_cast_stack_is_hoisted_out_of_a_loop_on_a_gpu():
+  """A loop casting each f32 weight slice to bf16: the TPU rule hoists one
+  bf16 cast of the whole stack; XLA:GPU's GEMM converts its slice."""
+  j = jax.make_jaxpr(_cast_in_loop)(
+      jnp.ones((4, 64, 32)),
+      jax.ShapeDtypeStruct((PROBE, 64), jnp.bfloat16)).jaxpr
+  tpu, _ = xla_gpu_rules.weight_stacks(j, False, gpu=False)
+  assert [(k[1].name, k[2], v[2]) for k, v in tpu.items()] == [
+      ("bfloat16", "cast", (4 * 64 * 32 * 2, 0))]
+  assert xla_gpu_rules.weight_stacks(j, False, gpu=True) == ({}, set())
+
+
+def _stacks(x: int, y: int, shard: str, gpu: bool) -> dict:
+  plan = plan_mesh(parse_topology("h100:8"), x, y)
+  j = trace_probe(load_model("tiny"), TrainSettings(batch=8, seq=128,
+                                                    shard=shard),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  stacks, _ = xla_gpu_rules.weight_stacks(j, False, gpu)
+  return {k[0].aval.str_short(): (k[2], v[2][0]) for k, v in stacks.items()}
+
+
+def test_stacks_gathered_off_their_major_dim_are_transposed_on_a_gpu():
+  """FSDP over X gathers each layer's slice: the attention output and MLP
+  down projections (d_model, the gathered dim, last) are copied whole in
+  f32 before the loop; q, k, v and the up projections (d_model first) are
+  not."""
+  got = _stacks(4, 2, "zero3", gpu=True)
+  assert got == {
+      "float32[2,4@Y,16,64@X]": ("gather", 2 * 2 * 16 * 16 * 4),
+      "float32[2,128@Y,64@X]": ("gather", 2 * 64 * 16 * 4)}, got
+
+
+def test_no_stack_is_gathered_without_fsdp():
+  """Parameters not sharded over X (zero1) are read whole: no gather, no
+  copy on a GPU (the TPU rules copy and cast them)."""
+  assert _stacks(4, 2, "zero1", gpu=True) == {}
+  assert _stacks(4, 2, "zero1", gpu=False)
+
+
+def _loss_grad_and_layers(jaxpr) -> tuple[int, int, int]:
+  """Positions of the output projection's weight-gradient matmul, of the
+  first equation that reads it, and of the layers' backward loop."""
+  grad = next(i for i, e in enumerate(jaxpr.eqns)
+              if e.primitive.name == "dot_general"
+              and scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)
+              and "transpose(" in str(e.source_info.name_stack)
+              and not any(d % PROBE == 0 for d in e.outvars[0].aval.shape))
+  out = jaxpr.eqns[grad].outvars[0]
+  reader = next(i for i, e in enumerate(jaxpr.eqns) if out in e.invars)
+  layers = max(i for i, e in enumerate(jaxpr.eqns)
+               if e.primitive.name == "scan")
+  return grad, reader, layers
+
+
+def test_the_output_projection_gradient_is_reduced_late_on_a_gpu():
+  """In the late order the loss's weight-gradient matmul stays in the
+  loss's backward and what reads it (its reduce-scatter over X) moves after
+  the layers' backward: the f32 gradient is live there, at its full size."""
+  plan = plan_mesh(parse_topology("h100:8"), 4, 2)
+  j = trace_probe(load_model("tiny"), TrainSettings(batch=8, seq=128),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  grad, reader, layers = _loss_grad_and_layers(j)
+  assert grad < reader < layers
+  late = xla_gpu_rules.late_gradient_collectives(j)
+  grad, reader, layers = _loss_grad_and_layers(late)
+  assert grad < layers < reader
+  assert len(late.eqns) == len(j.eqns)
+  points = liveness.simulate(j, 0, gpu=True)
+  inside = [i for i, w in enumerate(points.where)
+            if w.startswith("backward Decoder/layers")
+            and points.order[i] == "late"]
+  live = points.live(max(inside, key=lambda i: points.fixed[i]
+                         + points.linear[i]))
+  vocab, d_model = 256 // 2, 64  # the head's [d_model, vocab@Y], unsharded X
+  assert any(scopes.LOSS in b.scopes and b.dtype == "float32"
+             and math.prod(b.shape) == vocab * d_model for b in live)
+
+
+def _final_norm_scale_grad(jaxpr) -> int:
+  return next(i for i, e in enumerate(jaxpr.eqns)
+              if xla_gpu_rules.weight_gradient_reduction(e)
+              and "final_norm" in scopes.scopes_of(e.source_info.name_stack))
+
+
+def test_the_final_norm_scale_gradient_is_deferred_on_a_gpu():
+  """The deferred order on a GPU moves the final norm's scale gradient (a
+  batch-summing reduce) after the layers' backward; the TPU rule moves
+  only weight-gradient matmuls. Forward reductions (the loss) stay."""
+  plan = plan_mesh(parse_topology("h100:8"), 4, 2)
+  j = trace_probe(load_model("tiny"), TrainSettings(batch=8, seq=128),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  layers = lambda jx: max(i for i, e in enumerate(jx.eqns)
+                          if e.primitive.name == "scan")
+  tpu = xla_rules.defer_weight_grads(j)
+  assert _final_norm_scale_grad(tpu) < layers(tpu)
+  gpu = xla_gpu_rules.defer_step_weight_grads(j)
+  assert _final_norm_scale_grad(gpu) > layers(gpu)
+  assert not any(xla_gpu_rules.weight_gradient_reduction(e) for e in j.eqns
+                 if "transpose(" not in str(e.source_info.name_stack))
+
+
+def test_the_late_order_is_simulated_only_for_a_gpu():
+  plan = plan_mesh(parse_topology("h100:8"), 4, 2)
+  j = trace_probe(load_model("tiny"), TrainSettings(batch=8, seq=128),
+                  abstract_mesh(plan)).jaxpr
+  assert "late" in liveness.simulate(j, 0, gpu=True).order
+  assert set(liveness.simulate(j, 0).order) == {"deferred", "traced"}
+
+
+def test_a_program_without_weight_gradients_is_left_as_it_is():
+  j = jax.make_jaxpr(lambda x, w: jnp.tanh(x @ w))(
+      jax.ShapeDtypeStruct((PROBE, 16), jnp.float32), jnp.ones((16, 8))).jaxpr
+  assert xla_gpu_rules.late_gradient_collectives(j) is j
+
+
+@pytest.mark.parametrize("topology", ["h100:8", "v5p-16"])
+def test_the_rules_follow_the_plans_chip(topology):
+  """estimate_memory applies the GPU rules for a GPU plan only: the same
+  program's peak differs between an 8-chip GPU and TPU plan of one mesh."""
+  from simulator import memory
+  settings = TrainSettings(batch=8, seq=128)
+  est = memory.memory_report(load_model("tiny"), settings,
+                             plan_mesh(parse_topology(topology), 4, 2))
+  orders = set(est.points.order)
+  assert ("late" in orders) == topology.startswith("h100")
