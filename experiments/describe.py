@@ -23,6 +23,8 @@ flags.DEFINE_enum("optimizer", "adamw", list(OPTIMIZERS),
                   "the optimizer whose state is counted")
 cli.define_adapter_flags()
 cli.define_moe_flags()
+flags.DEFINE_integer("pp", 1, "pipeline stages on a mesh axis P outermost "
+                     "(P x X x Y = chips); each holds n_layers/pp layers")
 FLAGS = flags.FLAGS
 
 
@@ -39,7 +41,7 @@ def main(argv):
                            lora_rank=FLAGS.lora_rank,
                            lora_targets=tuple(FLAGS.lora_targets),
                            base_quant=FLAGS.base_quant,
-                           expert_axis=FLAGS.expert_axis)
+                           expert_axis=FLAGS.expert_axis, pp=FLAGS.pp)
   info = describe_params(cfg, plan, settings)
   if FLAGS.format == "json":
     print(json.dumps(info, indent=1))
@@ -58,6 +60,10 @@ def main(argv):
           f"{q['bytes']:,} bytes ({gib(q['bytes']):.3f} GiB), "
           f"{q['bytes_per_weight']:.4f} bytes per weight")
   print(plan.describe())
+  if settings.pp > 1:
+    print(f"pipeline: {settings.pp} stages of {cfg.n_layers // settings.pp} "
+          "layers each, the layer stack's stage dim on P; embedding, final "
+          "norm and output layer on every stage")
   if info["vocab_padding"]:
     print(f"vocabulary padded by {info['vocab_padding']} rows so Y divides it")
   if info["kv_heads_replicated"]:

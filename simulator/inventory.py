@@ -13,7 +13,8 @@ from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from models.params import abstract_params, module_class
 from simulator.settings import TrainSettings
-from simulator.step import (build_step, device_bytes, device_shape,
+from simulator.step import (build_step, check_pipeline, device_bytes,
+                            device_shape,
                             kv_heads_replicated,
                             lay_out_params, make_model, pad_vocab, step_rules,
                             trainable_paths, with_images)
@@ -24,6 +25,7 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
   """What `experiments.describe` prints: counts, dtypes, layouts, bytes."""
   mesh = abstract_mesh(plan)
   cfg = with_images(cfg, settings)
+  check_pipeline(cfg, settings)
   rules = step_rules(cfg, settings, mesh)[0]
   padded, padding = pad_vocab(cfg, rules, mesh)
   leaves, names = abstract_params(make_model(padded, settings, rules))

@@ -253,7 +253,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   step = traced.step
   batch = step.batch["inputs"].shape[0]
   require_probe(batch, plan.X * plan.Y, "estimate_memory",
-                step.grad_accum)
+                step.grad_accum * step.microbatches)
   _require_loss(traced.jaxpr)
   per_device_batch = device_shape(step.batch["inputs"])[0]
   tiled = plan.topology.chip.kind == "tpu"
