@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 
 from experiments import sweep_plots
 from meshes.hardware import GiB
+from simulator.search import record_mesh
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 from tensorboard.compat.proto import tensor_shape_pb2, types_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -170,17 +171,17 @@ _COUNT_HPARAMS = ("X", "Y", "batch")
 
 def _hparam(r: Mapping[str, Any], name: str) -> Any:
   if name == "mesh":
-    return f"{r['X']}x{r['Y']}"
+    return record_mesh(r)
   return str(r[name]) if name in _COUNT_HPARAMS else r[name]
 
 
 def session_name(r: Mapping[str, Any]) -> str:
-  return (f"{r['X']}x{r['Y']}-b{r['batch']}-{r['remat']}-{r['shard']}-"
+  return (f"{record_mesh(r)}-b{r['batch']}-{r['remat']}-{r['shard']}-"
           f"{r['optimizer']}").replace(":", "_").replace(",", "+")
 
 
 def series_name(r: Mapping[str, Any]) -> str:
-  return (f"{r['X']}x{r['Y']}-{r['remat']}-{r['shard']}-{r['optimizer']}"
+  return (f"{record_mesh(r)}-{r['remat']}-{r['shard']}-{r['optimizer']}"
           ).replace(":", "_").replace(",", "+")
 
 

@@ -236,4 +236,6 @@ CASES: list[Case] = [
          microbatches=8),
     Case("llama2_7b", "v5p-16", "2x2", 8, 2048, "full", "adamw", C, pp=2,
          microbatches=4),
+    Case("gpt2", "v5p-8", "2x1", 16, 1024, "dots", "adamw", C, shard="zero1",
+         pp=2, microbatches=8),
 ]

@@ -247,24 +247,20 @@ class Decoder(nn.Module):
 
   def _pipeline(self, x_BxSxD: jax.Array, block_args: tuple) -> jax.Array:
     """The layers as `stages` stages of L/K scanned blocks, params stacked
-    [K, L/K, ...] on the logical axes (`stage`, `layers`), run by
-    models.pipeline over `microbatches` micro-batches."""
+    [K, L/K, ...] on the logical axes (`stage`, `layers`), run over
+    `microbatches` micro-batches by a scan over models.pipeline's
+    iterations (params broadcast to every iteration)."""
     k, m = self.stages, self.microbatches
-    blocks = scanned(Block, self.cfg.n_layers // k, self.remat,
-                     in_axes=(0, nn.broadcast))
-    staged = nn.vmap(
-        blocks, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(0, None, None), out_axes=0,
-        spmd_axis_name=(None if jax.sharding.get_abstract_mesh().empty
-                        else pipeline.STAGE_AXIS),
-        metadata_params={nn.PARTITION_NAME: "stage"})(*block_args,
-                                                       name="blocks")
     spec = (None if jax.sharding.get_abstract_mesh().empty
             else self.rules.spec("activations", RESIDUAL))
     x_MxBxSxD = pipeline.split(x_BxSxD, m, spec)
-    y = pipeline.run(lambda s: staged(s, None, 0)[0], x_MxBxSxD, k,
-                     self.rules, RESIDUAL)
-    return pipeline.merge(y, spec)
+    loop = nn.scan(_Iteration, variable_broadcast="params",
+                   split_rngs={"params": False}, in_axes=0, out_axes=0,
+                   length=pipeline.iterations(k, m))
+    _, done = loop(k, self.remat, block_args, name="blocks")(
+        pipeline.empty(x_MxBxSxD[0], k, spec),
+        pipeline.injected(x_MxBxSxD, k))
+    return pipeline.merge(done[k - 1:], spec)  # the fill's zeros dropped
 
   def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array,
              start: jax.Array | int = 0) -> jax.Array:
@@ -280,6 +276,31 @@ class Decoder(nn.Module):
                  jax.lax.dynamic_slice_in_dim(pos, start, ids_BxS.shape[1]))
       x = x + activation(pos_SxD[None], (None, None, "embed"), self.rules)
     return x
+
+
+class _Iteration(nn.Module):
+  """One pipeline iteration (models.pipeline): every stage's previous output
+  to the next stage, stage 0 taking `inject`; every stage's L/K scanned
+  blocks on what it holds (a vmap over stages, the stage dim on P); the
+  last stage's output to every stage. (outputs [K, B, S, D], finished)."""
+
+  stages: int
+  remat: str
+  block_args: tuple
+
+  @nn.compact
+  def __call__(self, y_KxBxSxD: jax.Array, inject_BxSxD: jax.Array):
+    blocks = scanned(Block, self.block_args[0].n_layers // self.stages,
+                     self.remat, in_axes=(0, nn.broadcast))
+    staged = nn.vmap(
+        blocks, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(0, None, None), out_axes=0,
+        spmd_axis_name=(None if jax.sharding.get_abstract_mesh().empty
+                        else pipeline.STAGE_AXIS),
+        metadata_params={nn.PARTITION_NAME: "stage"})(*self.block_args,
+                                                       name="stages")
+    y, _ = staged(pipeline.pass_on(y_KxBxSxD, inject_BxSxD), None, 0)
+    return y, pipeline.finished(y)
 
 
 def scanned(block: type[nn.Module], n_layers: int, remat: str,

@@ -57,6 +57,7 @@ import numpy as np
 
 from meshes.layout import MeshPlan, abstract_mesh, mesh_shapes, plan_mesh
 from models import moe, scopes
+from models import pipeline
 from models.pipeline import iterations
 from simulator.batch_probe import carries_batch, require_probe
 from simulator.comms import collective_cost
@@ -444,3 +445,23 @@ def search_meshes(cfg, settings: TrainSettings, topology, m_x=None, m_y=None,
     est = step_estimate(model, tokens or settings.tokens, hw, pass_)
     rows.append(MeshRow(plan, model, est))
   return rows
+
+
+def pipeline_summary(cfg, settings: TrainSettings, plan: MeshPlan) -> dict:
+  """What a pipeline plan's step adds (models.pipeline): the bubble, the
+  stage sends (count, per-device bytes each, seconds each at the P link's
+  bandwidth, simulator.comms) and the memory rule of the schedule."""
+  k, m = settings.pp, settings.microbatches
+  each = pipeline.send_bytes(settings.batch // m // plan.X, settings.seq,
+                             cfg.d_model // plan.Y)
+  hw = Hardware.for_plan(plan)
+  seconds = collective_cost("permute", "P", plan, hw.link_bandwidth).time(each)
+  return {"stages": k, "microbatches": m, "schedule": settings.schedule,
+          "iterations": pipeline.iterations(k, m),
+          "bubble_fraction": pipeline.bubble_fraction(k, m),
+          "sends": pipeline.sends(k, m), "send_bytes": each,
+          "send_seconds": seconds,
+          "memory": ("1F1B rule on the traced GPipe step "
+                     "(simulator.memory.schedule)"
+                     if settings.schedule == "1f1b" else
+                     "traced (GPipe: every micro-batch in flight)")}

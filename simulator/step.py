@@ -59,6 +59,8 @@ class Step:
   grad_accum: int = 1  # micro-batches per step
   micro_batch: Tree = None  # one micro-batch's abstract arrays
   microbatches: int = 1  # a pipeline's, inside the loss (models.pipeline)
+  stages: int = 1  # pipeline stages
+  schedule: str = "gpipe"  # the pipeline schedule (simulator.memory.schedule)
 
   @property
   def args(self) -> tuple[Tree, Tree, Tree]:
@@ -363,7 +365,7 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
 
   return Step(step, loss_fn, params, grads, opt_state, batch, names, model,
               rules, vocab_padding, accum, micro_batch,
-              settings.microbatches)
+              settings.microbatches, settings.pp, settings.schedule)
 
 
 def _micro_batches(accum: int) -> Callable[[jax.Array], jax.Array]:
