@@ -113,8 +113,9 @@ def define_moe_flags() -> None:
 
 
 def define_vision_flags() -> None:
-  """--images_per_sample, --image_size, --patch_size, --train_vision (a
-  vision-language model's images; a text model refuses them)."""
+  """--images_per_sample, --image_size, --patch_size, --train_vision,
+  --vision_sharding (a vision-language model's images and tower; a text
+  model refuses them)."""
   d = S.TrainSettings()
   flags.DEFINE_integer("images_per_sample", d.images_per_sample,
                        "vision-language model: images per sequence, each "
@@ -127,6 +128,11 @@ def define_vision_flags() -> None:
   flags.DEFINE_boolean("train_vision", d.train_vision, "vision-language "
                        "model: train the vision tower too (default: frozen, "
                        "as LLaVA-1.5; the projector and LM train)")
+  flags.DEFINE_enum("vision_sharding", d.vision_sharding, S.VISION_SHARDINGS,
+                    "vision-language model: the tower's weights laid out "
+                    "like the LM's (sharded: FSDP over X, TP over Y) or "
+                    "whole on every device (replicated: the tower runs "
+                    "data-parallel over X, no gather, no TP collective)")
 
 
 def define_finetune_flags() -> None:
@@ -331,5 +337,5 @@ def settings_line(name: str, settings: S.TrainSettings, cfg=None) -> str:
              else "") + (f", {'+'.join(settings.offload)} offloaded to host"
                          if settings.offload else "")
           + (tokens_line(cfg, settings.seq, settings.images,
-                         settings.train_vision)
+                         settings.train_vision, settings.vision_sharding)
              if cfg is not None and cfg.vision else ""))

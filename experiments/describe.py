@@ -23,6 +23,7 @@ flags.DEFINE_enum("optimizer", "adamw", list(OPTIMIZERS),
                   "the optimizer whose state is counted")
 cli.define_adapter_flags()
 cli.define_moe_flags()
+cli.define_vision_flags()
 flags.DEFINE_integer("pp", 1, "pipeline stages on a mesh axis P outermost "
                      "(P x X x Y = chips); each holds n_layers/pp layers")
 FLAGS = flags.FLAGS
@@ -41,7 +42,13 @@ def main(argv):
                            lora_rank=FLAGS.lora_rank,
                            lora_targets=tuple(FLAGS.lora_targets),
                            base_quant=FLAGS.base_quant,
-                           expert_axis=FLAGS.expert_axis, pp=FLAGS.pp)
+                           expert_axis=FLAGS.expert_axis,
+                           images_per_sample=FLAGS.images_per_sample,
+                           image_size=FLAGS.image_size,
+                           patch_size=FLAGS.patch_size,
+                           train_vision=FLAGS.train_vision,
+                           vision_sharding=FLAGS.vision_sharding,
+                           pp=FLAGS.pp)
   info = describe_params(cfg, plan, settings)
   if FLAGS.format == "json":
     print(json.dumps(info, indent=1))
@@ -68,6 +75,9 @@ def main(argv):
     print(f"vocabulary padded by {info['vocab_padding']} rows so Y divides it")
   if info["kv_heads_replicated"]:
     print(kv_heads_note(cfg, plan.Y))
+  if settings.vision_sharding == "replicated":
+    print("vision tower replicated: its weights whole on every device (no "
+          "logical axis split), run data-parallel over X")
   for dtype, n in info["bytes_by_dtype"].items():
     print(f"  {dtype}: {n:,} bytes ({gib(n):.3f} GiB) in total")
   rows = [("parameter", "shape", "logical axes", "PartitionSpec",

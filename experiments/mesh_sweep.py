@@ -115,6 +115,7 @@ def spec_from_flags():
       capacity_factor=FLAGS.capacity_factor, expert_axis=FLAGS.expert_axis,
       images_per_sample=FLAGS.images_per_sample, image_size=FLAGS.image_size,
       patch_size=FLAGS.patch_size, train_vision=FLAGS.train_vision,
+      vision_sharding=FLAGS.vision_sharding,
       pps=_ints("pps", FLAGS.pps), microbatches=FLAGS.microbatches,
       schedule=FLAGS.schedule)
 
@@ -137,7 +138,8 @@ _IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
              "precision", "grad_accum", "lora_rank", "lora_targets",
              "base_quant", "offload", "moe_dispatch", "capacity_factor",
              "expert_axis", "images_per_sample", "image_size", "patch_size",
-             "train_vision", "microbatches", "schedule")
+             "train_vision", "vision_sharding",
+             "microbatches", "schedule")
 
 
 def check_run_settings(run_dir: str, spec) -> None:

@@ -95,6 +95,19 @@ def expert_rules(rules: AxisRules, axis: str | None) -> AxisRules:
   return rules
 
 
+def data_parallel_rules(rules: AxisRules) -> AxisRules:
+  """`rules` with nothing split but the batch (over the mesh axis `rules`
+  lays the batch on): weights whole on every device in all three tables, so
+  a module under them runs data-parallel with no gather and no TP
+  collective (a replicated vision tower)."""
+  for table in ("params", "compute", "activations"):
+    keep = dict(getattr(rules, table)).get("batch") if table == "activations" \
+        else None
+    rules = rules.replace(table, **{a: None for a in LOGICAL_AXES})
+    rules = rules.replace(table, batch=keep)
+  return rules
+
+
 def reshard(x: jax.Array, spec: P) -> jax.Array:
   """jax.sharding.reshard when tracing under a mesh; identity otherwise.
 

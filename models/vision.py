@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from models import scopes
 from models.config import ModelConfig
 from models.layers import Dense, Mlp, Norm, activation, weight
-from models.rules import FSDP_TP, AxisRules
+from models.rules import FSDP_TP, AxisRules, data_parallel_rules
 from models.transformer import (GATHERED, RESIDUAL, Attention, Decoder,
                                 _reshape, scanned)
 
@@ -52,13 +52,23 @@ def image_tokens(cfg: ModelConfig, images: int) -> int:
   return images * patches(cfg) if cfg.vision else 0
 
 
-def tokens_line(cfg: ModelConfig, seq: int, images: int,
-                trained: bool) -> str:
+def tokens_line(cfg: ModelConfig, seq: int, images: int, trained: bool,
+                sharding: str = "sharded") -> str:
   """What a report header says of a vision-language step's sequence."""
   n = image_tokens(cfg, images)
   return (f"; LM sequence {n + seq} = {images} image(s) x "
           f"({cfg.image_size}/{cfg.patch_size})^2 = {n} image tokens + "
-          f"{seq} text, vision tower {'trained' if trained else 'frozen'}")
+          f"{seq} text, vision tower {'trained' if trained else 'frozen'}"
+          f"{', replicated' if sharding == 'replicated' else ''}")
+
+
+def replicated_tower(names):
+  """The tree of the parameters' logical axis names with the vision tower's
+  named by no axis: stored, trained and updated whole on every device (the
+  layout `--vision_sharding=replicated` gives it)."""
+  return {k: (jax.tree.map(lambda n: (None,) * len(n), v,
+                           is_leaf=lambda x: isinstance(x, tuple))
+              if k == "vision_tower" else v) for k, v in names.items()}
 
 
 def tower_config(cfg: ModelConfig) -> ModelConfig:
@@ -172,12 +182,15 @@ class VisionLanguage(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   lora: tuple = (0, ())
   quant: str = "none"
+  tower_replicated: bool = False  # the tower whole on every device
 
   @nn.compact
   def __call__(self, inputs: jax.Array, images: jax.Array,
                targets: jax.Array) -> jax.Array:
+    tower_rules = (data_parallel_rules(self.rules) if self.tower_replicated
+                   else self.rules)
     with jax.named_scope("vision"):
-      features = VisionTower(self.cfg, self.rules, self.remat, self.dtype,
+      features = VisionTower(self.cfg, tower_rules, self.remat, self.dtype,
                              self.param_dtype,
                              name="vision_tower")(images)
       tokens = self._project(features)

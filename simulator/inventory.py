@@ -16,7 +16,8 @@ from simulator.settings import TrainSettings
 from simulator.step import (build_step, check_pipeline, device_bytes,
                             device_shape,
                             kv_heads_replicated,
-                            lay_out_params, make_model, pad_vocab, step_rules,
+                            lay_out_params, make_model, pad_vocab,
+                            params_and_names, step_rules,
                             trainable_paths, with_images)
 
 
@@ -28,7 +29,8 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
   check_pipeline(cfg, settings)
   rules = step_rules(cfg, settings, mesh)[0]
   padded, padding = pad_vocab(cfg, rules, mesh)
-  leaves, names = abstract_params(make_model(padded, settings, rules))
+  leaves, names = params_and_names(make_model(padded, settings, rules),
+                                   settings)
   laid = lay_out_params(leaves, names, rules, mesh)
   groups, by_dtype = [], collections.Counter()
   flat = jax.tree_util.tree_flatten_with_path(laid)[0]

@@ -102,6 +102,7 @@ class SweepSpec:
   image_size: int = 0
   patch_size: int = 0
   train_vision: bool = False
+  vision_sharding: str = "sharded"
   pps: tuple[int, ...] = (1,)  # pipeline stages to sweep (models.pipeline)
   microbatches: int = 1  # with pp > 1
   schedule: str = "gpipe"

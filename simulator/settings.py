@@ -18,7 +18,9 @@ BASE_QUANTS = QUANTS  # how the frozen base may be stored (models.quant)
 OFFLOADS = ("optimizer", "params")  # state kept in pinned host memory
 MOE_DISPATCHES = ("capacity",)  # models.moe
 EXPERT_AXES = ("none", "x")  # experts unsplit, or split over X (all-to-all)
-SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules (simulator.pipeline)
+# A vision tower laid out like the LM, or whole on every device.
+VISION_SHARDINGS = ("sharded", "replicated")
+SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules (models.pipeline)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +50,15 @@ class TrainSettings:
   expert_axis: str = "none"
   # Vision-language models (models.vision; a text model refuses them):
   # images per sequence (0: one), their side and patch side in pixels (0:
-  # the model's), and whether the vision tower trains (LLaVA-1.5 keeps it
-  # frozen in both its stages: no gradient, no optimizer state).
+  # the model's), whether the vision tower trains (LLaVA-1.5 keeps it
+  # frozen in both its stages: no gradient, no optimizer state), and how its
+  # weights are laid out: like the LM's (`sharded`: FSDP over X, TP over Y)
+  # or whole on every device (`replicated`: the tower runs data-parallel).
   images_per_sample: int = 0
   image_size: int = 0
   patch_size: int = 0
   train_vision: bool = False
+  vision_sharding: str = "sharded"
   # Pipeline parallelism (models.pipeline): pp stages on the mesh's P axis,
   # the batch run as `microbatches` micro-batches through them, scheduled
   # GPipe (every forward, then every backward) or 1F1B.
@@ -73,6 +78,7 @@ class TrainSettings:
                          ("precision", PRECISIONS), ("shard", SHARDS),
                          ("moe_dispatch", MOE_DISPATCHES),
                          ("expert_axis", EXPERT_AXES),
+                         ("vision_sharding", VISION_SHARDINGS),
                          ("schedule", SCHEDULES)):
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r}; valid: "

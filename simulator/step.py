@@ -23,7 +23,7 @@ from models.config import ModelConfig
 from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, expert_rules, rules_for
 from models.transformer import RESIDUAL
-from models.vision import at_resolution
+from models.vision import at_resolution, replicated_tower
 from simulator import mesh_class
 from simulator.optimizers import PRECISION, make_optimizer
 from simulator.settings import TrainSettings
@@ -78,7 +78,18 @@ def make_model(cfg: ModelConfig, settings: TrainSettings, rules: AxisRules):
       lora=(settings.lora_rank, tuple(settings.lora_targets)),
       quant=settings.base_quant,
       **({"capacity_factor": settings.capacity_factor} if cfg.moe else {}),
+      **({"tower_replicated": settings.vision_sharding == "replicated"}
+         if cfg.vision else {}),
       **staged)
+
+
+def params_and_names(model, settings: TrainSettings) -> tuple[Tree, Tree]:
+  """The model's abstract parameters and the logical axis names they are
+  laid out by (a replicated vision tower's by none)."""
+  leaves, names = abstract_params(model)
+  if settings.vision_sharding == "replicated":
+    names = replicated_tower(names)
+  return leaves, names
 
 
 def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
@@ -246,11 +257,13 @@ def mesh_rules(cfg: ModelConfig, rules: AxisRules, mesh) -> AxisRules:
 def with_images(cfg: ModelConfig, settings: TrainSettings) -> ModelConfig:
   """`cfg` at the settings' image and patch size (models.vision); a text
   model given image settings is a one-line ValueError."""
-  if not cfg.vision and (settings.images_per_sample or settings.train_vision):
+  if not cfg.vision and (settings.images_per_sample or settings.train_vision
+                         or settings.vision_sharding != "sharded"):
     raise ValueError(f"images_per_sample={settings.images_per_sample}, "
-                     f"train_vision={settings.train_vision}: {cfg.name} has "
-                     "no vision tower; images go with a vision-language "
-                     "model (e.g. llava_1_5_7b)")
+                     f"train_vision={settings.train_vision}, vision_sharding="
+                     f"{settings.vision_sharding}: {cfg.name} has no vision "
+                     "tower; images go with a vision-language model (e.g. "
+                     "llava_1_5_7b)")
   return at_resolution(cfg, settings.image_size, settings.patch_size)
 
 
@@ -289,7 +302,7 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     check_divisible(f"micro-batch {key} {micro_shape} ({flag}={split})",
                      micro_shape, spec, mesh)
 
-  leaves, names = abstract_params(model)
+  leaves, names = params_and_names(model, settings)
   trainable = trainable_paths(leaves, settings)
   train_leaves = _subtree(leaves, trainable)
   train_names = _subtree(names, trainable,

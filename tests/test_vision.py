@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
-from meshes.layout import plan_mesh
+from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.hf_config import from_hf_config
 from models.params import abstract_params, module_class, num_params
@@ -21,8 +21,10 @@ from models.presets import PRESETS
 from models.vision import at_resolution, image_tokens
 from simulator import memory
 from simulator.inventory import describe_params
+from simulator.program import read_traced
 from simulator.settings import TrainSettings
 from simulator.step import build_step, trainable_params
+from simulator.trace import trace_probe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH = AbstractMesh((2, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)
@@ -100,6 +102,52 @@ def test_tower_is_laid_out_like_the_lm():
   assert spec["projector_in/kernel"] == ["X", "Y"]
 
 
+def test_replicated_tower_is_whole_on_every_device_and_the_lm_is_not():
+  """--vision_sharding=replicated: every tower weight unsplit (stored,
+  gradient and optimizer slice), the LM's layout unchanged, and the
+  per-device parameter bytes grow by exactly the tower's whole less its
+  shard."""
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  st = TrainSettings(batch=4, seq=16, train_vision=True)
+  split = describe_params(TINY, plan, st)
+  whole = describe_params(
+      TINY, plan, dataclasses.replace(st, vision_sharding="replicated"))
+  tower = lambda info: {g["path"]: g for g in info["params"]
+                        if g["path"].startswith("vision_tower/")}
+  for g in tower(whole).values():
+    assert set(g["partition_spec"]) <= {None}
+    assert g["per_device_shape"] == g["shape"]
+  lm = lambda info: [(g["path"], g["partition_spec"]) for g in info["params"]
+                     if not g["path"].startswith("vision_tower/")]
+  assert lm(whole) == lm(split)
+  grown = sum(g["per_device_bytes"] for g in tower(whole).values()) - sum(
+      g["per_device_bytes"] for g in tower(split).values())
+  assert grown > 0
+  assert whole["per_device_param_bytes"] - split["per_device_param_bytes"] == (
+      grown)
+  step = build_step(TINY, dataclasses.replace(st, vision_sharding="replicated"),
+                    MESH)
+  for tree in (step.params, step.grads):
+    for x in jax.tree.leaves(tree["vision_tower"]):
+      assert set(x.sharding.spec) <= {None}
+
+
+def test_replicated_tower_runs_data_parallel_with_no_collective():
+  """A frozen replicated tower gathers nothing and needs no TP collective:
+  no collective at all in the tower (its patch embedding and the scanned
+  `layers`; the LM's are `blocks`); the sharded tower's has FSDP gathers
+  over X and TP collectives over Y."""
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  st = TrainSettings(batch=8, seq=64, remat="none", attention="materialized")
+  in_tower = lambda s: [
+      c for c in read_traced(trace_probe(TINY, s, abstract_mesh(plan),
+                                         residuals=False)).collectives
+      if c.layer == "layers" or "vision_tower" in c.source]
+  assert {(c.kind, c.axis) for c in in_tower(st)} == {
+      ("all-gather", "X"), ("all-gather", "Y"), ("reduce-scatter", "Y")}
+  assert not in_tower(dataclasses.replace(st, vision_sharding="replicated"))
+
+
 def test_memory_report_runs_the_tower_backward_only_when_trained():
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   st = TrainSettings(batch=8, seq=64, remat="none", attention="materialized")
@@ -131,8 +179,16 @@ def test_bad_configs_are_one_line_errors(change, message):
 
 @pytest.mark.parametrize("args, message", [
     (["--model=tiny", "--images_per_sample=2"],
-     "error: images_per_sample=2, train_vision=False: tiny has no vision "
-     "tower; images go with a vision-language model (e.g. llava_1_5_7b)"),
+     "error: images_per_sample=2, train_vision=False, vision_sharding=sharded:"
+     " tiny has no vision tower; images go with a vision-language model (e.g."
+     " llava_1_5_7b)"),
+    (["--model=tiny", "--vision_sharding=replicated"],
+     "error: images_per_sample=0, train_vision=False, vision_sharding="
+     "replicated: tiny has no vision tower; images go with a vision-language "
+     "model (e.g. llava_1_5_7b)"),
+    (["--model=tiny_vlm", "--vision_sharding=tp"],
+     "error: flag --vision_sharding=tp: value should be one of "
+     "<sharded|replicated>"),
     (["--model=tiny", "--image_size=224"],
      "error: image_size=224, patch_size=0: tiny has no vision tower; these "
      "set a vision-language model's images"),
