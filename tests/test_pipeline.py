@@ -180,3 +180,26 @@ def _refused(args: list[str]) -> tuple[int, str]:
 ])
 def test_bad_pipeline_plans_are_one_line_errors(args, message):
   assert _refused(args) == (2, message)
+
+
+def test_the_sweep_crosses_pipeline_stages():
+  """--pps: every P with the X x Y meshes of chips/P; a pipeline plan is
+  ranked with the others, named PpxXxY; a batch that X x microbatches does
+  not divide fails with its reason."""
+  from simulator import search
+  spec = search.SweepSpec(model="tiny", topology="v5p-8", batches=(8, 12),
+                          seq=64, pps=(1, 2), microbatches=4)
+  sweep = search.Sweep(spec)
+  configs = spec.configs(sweep.topo)
+  assert {(c.P, c.X, c.Y) for c in configs} == {
+      (1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1)}
+  records = {(r["P"], r["X"], r["Y"], r["batch"]): r
+             for r in sweep.evaluate(configs)}
+  ok = records[(2, 2, 1, 8)]
+  assert ok["status"] == "ok" and search.record_mesh(ok) == "P2x2x1"
+  assert records[(2, 2, 1, 12)]["error"] == (
+      "batch 12 is not divisible by X=2 x microbatches=4; each micro-batch "
+      "is sharded over X")
+  assert "| P2x2x1 | 8 |" in search.table(search.rank(list(records.values())))
+  with pytest.raises(ValueError, match="pp 3 must be a positive divisor"):
+    dataclasses.replace(spec, pps=(3,)).validate()
