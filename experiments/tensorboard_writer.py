@@ -145,7 +145,7 @@ class MetricsWriter:
 # --------------------------------------------------------------------------
 
 SWEEP_HPARAMS = ("model", "topology", "mesh", "X", "Y", "batch", "remat",
-                 "shard", "optimizer")
+                 "shard", "optimizer", "P")
 # metric tag -> (record field, scale, description)
 SWEEP_METRICS = {  # TensorBoard's HParams shows the first five by default
     "memory/peak_gib": ("peak_bytes", 1 / GiB, "estimated peak GiB per device"),
@@ -166,13 +166,14 @@ SWEEP_METRICS = {  # TensorBoard's HParams shows the first five by default
     # in the ranked table and results.jsonl.
 }
 # TensorBoard shows a numeric hparam as "16.000": counts are written as text.
-_COUNT_HPARAMS = ("X", "Y", "batch")
+_COUNT_HPARAMS = ("X", "Y", "batch", "P")
 
 
 def _hparam(r: Mapping[str, Any], name: str) -> Any:
   if name == "mesh":
     return record_mesh(r)
-  return str(r[name]) if name in _COUNT_HPARAMS else r[name]
+  value = r.get(name, 1) if name == "P" else r[name]  # P: pipeline stages
+  return str(value) if name in _COUNT_HPARAMS else value
 
 
 def session_name(r: Mapping[str, Any]) -> str:
