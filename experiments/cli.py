@@ -63,6 +63,21 @@ def define_train_flags() -> None:
   define_moe_flags()
   define_finetune_flags()
   define_vision_flags()
+  define_pipeline_flags()
+
+
+def define_pipeline_flags() -> None:
+  """--pp, --microbatches, --schedule: pipeline stages (models.pipeline)."""
+  d = S.TrainSettings()
+  flags.DEFINE_integer("pp", d.pp, "pipeline stages on a mesh axis P "
+                       "outermost (P x X x Y = chips; --mesh gives X x Y); "
+                       "each stage holds n_layers/pp layers")
+  flags.DEFINE_integer("microbatches", d.microbatches, "with --pp: "
+                       "micro-batches of batch/microbatches sequences "
+                       "through the stages")
+  flags.DEFINE_enum("schedule", d.schedule, list(S.SCHEDULES), "with --pp: "
+                    "gpipe (every forward, then every backward) or 1f1b (at "
+                    "most pp micro-batches in flight)")
 
 
 def define_worker_flags() -> None:
@@ -287,8 +302,14 @@ def model_and_plan():
   f = flags.FLAGS
   cfg = load_model(f.model)
   topology = parse_topology(f.topology)
-  x, y = parse_mesh(f.mesh) if f.mesh else (topology.chips, 1)
-  return cfg, plan_mesh(topology, x, y)
+  pp = f.pp if "pp" in f else 1
+  if pp <= 0:
+    raise ValueError(f"pp={pp} must be a positive number of stages")
+  if topology.chips % pp:
+    raise ValueError(f"pp={pp} does not divide {topology.name}'s "
+                     f"{topology.chips} chips")
+  x, y = parse_mesh(f.mesh) if f.mesh else (topology.chips // pp, 1)
+  return cfg, plan_mesh(topology, x, y, P=pp)
 
 
 def settings_line(name: str, settings: S.TrainSettings, cfg=None) -> str:
@@ -307,6 +328,9 @@ def settings_line(name: str, settings: S.TrainSettings, cfg=None) -> str:
               f", {settings.grad_accum} micro-batches of "
               f"{settings.batch // settings.grad_accum}"
               if settings.grad_accum > 1 else "") + (
+              f", pp {settings.pp} stages x {settings.microbatches} "
+              f"micro-batches ({settings.schedule})" if settings.pp > 1
+              else "") + (
               f", LoRA rank {settings.lora_rank} on "
               f"{','.join(settings.lora_targets)}" if settings.lora_rank else "")
           + (f", base {settings.base_quant}" if settings.base_quant != "none"

@@ -24,6 +24,8 @@ flags.DEFINE_enum("optimizer", "adamw", list(OPTIMIZERS),
 cli.define_adapter_flags()
 cli.define_moe_flags()
 cli.define_vision_flags()
+flags.DEFINE_integer("pp", 1, "pipeline stages on a mesh axis P outermost "
+                     "(P x X x Y = chips); each holds n_layers/pp layers")
 FLAGS = flags.FLAGS
 
 
@@ -45,7 +47,8 @@ def main(argv):
                            image_size=FLAGS.image_size,
                            patch_size=FLAGS.patch_size,
                            train_vision=FLAGS.train_vision,
-                           vision_sharding=FLAGS.vision_sharding)
+                           vision_sharding=FLAGS.vision_sharding,
+                           pp=FLAGS.pp)
   info = describe_params(cfg, plan, settings)
   if FLAGS.format == "json":
     print(json.dumps(info, indent=1))
@@ -64,6 +67,10 @@ def main(argv):
           f"{q['bytes']:,} bytes ({gib(q['bytes']):.3f} GiB), "
           f"{q['bytes_per_weight']:.4f} bytes per weight")
   print(plan.describe())
+  if settings.pp > 1:
+    print(f"pipeline: {settings.pp} stages of {cfg.n_layers // settings.pp} "
+          "layers each, the layer stack's stage dim on P; embedding, final "
+          "norm and output layer on every stage")
   if info["vocab_padding"]:
     print(f"vocabulary padded by {info['vocab_padding']} rows so Y divides it")
   if info["kv_heads_replicated"]:

@@ -37,7 +37,7 @@ def main(argv) -> None:
     raise ValueError(f"--hbm_fraction={FLAGS.hbm_fraction} must be in (0, 1]")
   cfg, plan = cli.model_and_plan()
   settings = cli.train_settings()
-  step = plan.X * settings.grad_accum  # whole sequences per micro-batch shard
+  step = plan.X * settings.batch_splits  # whole sequences per micro-batch shard
   settings = dataclasses.replace(settings, batch=step)
   estimate = memory.memory_report(cfg, settings, plan)
   usable = capacity_bytes(plan)  # a GPU: JAX's pool (simulator.memory.capacity)

@@ -21,6 +21,7 @@ from experiments import cli
 from meshes.hardware import GiB
 from models.params import num_params
 from simulator import formulas, memory
+from simulator.timing import roofline
 from simulator.memory import capacity
 from simulator.step import kv_heads_note, kv_heads_replicated
 
@@ -110,23 +111,38 @@ def render(estimate: memory.MemoryEstimate, header: str,
   return "\n".join(lines)
 
 
+def pipeline_line(p: dict) -> str:
+  """The pipeline's bubble, stage sends and memory rule, one line."""
+  return (f"pipeline: {p['stages']} stages x {p['microbatches']} micro-"
+          f"batches, {p['schedule']}: {p['iterations']} iterations, bubble "
+          f"{p['bubble_fraction']:.1%} of the step; {p['sends']} stage sends "
+          f"of {p['send_bytes'] / 2**20:.2f} MiB per device "
+          f"({p['send_seconds'] * 1e6:.1f} us each); activations: "
+          f"{p['memory']}")
+
+
 def main(argv):
   del argv
   cfg, plan = cli.model_and_plan()
   settings = cli.train_settings()
   estimate = memory.memory_report(cfg, settings, plan)
   replicated = kv_heads_replicated(cfg, plan.Y)
+  stages = (roofline.pipeline_summary(cfg, settings, plan)
+            if settings.pp > 1 else None)
   budget = (capacity.gpu_budget(plan) if plan.topology.chip.kind == "gpu"
             else None)
   if FLAGS.format == "json":
     print(json.dumps({**memory.to_json(estimate),
                       "kv_heads_replicated": replicated,
+                      "pipeline": stages,
                       "gpu_memory": budget.to_json() if budget else None},
                      indent=1))
   else:
     header = f"{cli.settings_line(cfg.name, settings, cfg)}\n{plan.describe()}"
     if replicated:
       header += "\n" + kv_heads_note(cfg, plan.Y)
+    if stages:
+      header += "\n" + pipeline_line(stages)
     if settings.lora_rank:
       header += (f"\ntrainable parameters: {estimate.trainable_params:,} "
                  f"(the LoRA adapters; the base is frozen: no gradient, no "

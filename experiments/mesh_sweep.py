@@ -67,6 +67,12 @@ def define_flags() -> None:
   cli.define_moe_flags()
   cli.define_finetune_flags()
   cli.define_vision_flags()
+  flags.DEFINE_list("pps", ["1"], "pipeline stages to sweep (a mesh axis P "
+                    "outermost, P x X x Y = chips; models.pipeline)")
+  flags.DEFINE_integer("microbatches", 1, "with pp > 1: micro-batches of "
+                       "batch/microbatches sequences through the stages")
+  flags.DEFINE_enum("schedule", "gpipe", list(S.SCHEDULES), "with pp > 1: "
+                    "gpipe or 1f1b")
   flags.DEFINE_integer("top_k", 3, "confirm this many best plans by compiling; 0: none")
   flags.DEFINE_bool("resume", False, "continue the latest LOGDIR/RUN* folder")
   flags.DEFINE_bool("progress", True, "progress bars on stderr")
@@ -109,7 +115,9 @@ def spec_from_flags():
       capacity_factor=FLAGS.capacity_factor, expert_axis=FLAGS.expert_axis,
       images_per_sample=FLAGS.images_per_sample, image_size=FLAGS.image_size,
       patch_size=FLAGS.patch_size, train_vision=FLAGS.train_vision,
-      vision_sharding=FLAGS.vision_sharding)
+      vision_sharding=FLAGS.vision_sharding,
+      pps=_ints("pps", FLAGS.pps), microbatches=FLAGS.microbatches,
+      schedule=FLAGS.schedule)
 
 
 def run_dir_for(logdir: str, name: str, resume: bool) -> str:
@@ -130,7 +138,8 @@ _IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
              "precision", "grad_accum", "lora_rank", "lora_targets",
              "base_quant", "offload", "moe_dispatch", "capacity_factor",
              "expert_axis", "images_per_sample", "image_size", "patch_size",
-             "train_vision", "vision_sharding")
+             "train_vision", "vision_sharding",
+             "microbatches", "schedule")
 
 
 def check_run_settings(run_dir: str, spec) -> None:
@@ -247,7 +256,7 @@ def _confirm(sweep, ranked: list, top_k: int, workers: int, results,
   bar = tqdm(desc="compile", disable=not progress, file=sys.stderr)
 
   def submit(r: dict) -> cf.Future:
-    bar.set_description(f"compile {r['X']}x{r['Y']} b{r['batch']} "
+    bar.set_description(f"compile {search.record_mesh(r)} b{r['batch']} "
                         f"{r['remat']}" + (f" (~{each:.0f} s)" if each else ""))
     return pool.submit(search.run_compile_job, *search.compile_job(sweep, r))
 

@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from meshes.hardware import GiB  # noqa: E402
+from simulator.search import record_mesh  # noqa: E402
 
 # What is live at the peak (simulator.memory PEAK_CATEGORIES) and the
 # planning overhead: stacked, they reach the planned peak.
@@ -42,7 +43,7 @@ def memory_breakdown(records: list[Mapping[str, Any]], hbm_bytes: int
   best-ranked plans (records in rank order); a line at the chip's HBM."""
   ok = [r for r in records if r.get("status") == "ok"][:MAX_BARS]
   fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(ok) + 3), 4.5))
-  labels = [f"{r['X']}x{r['Y']} b{r['batch']}\n{r['remat']}" for r in ok]
+  labels = [f"{record_mesh(r)} b{r['batch']}\n{r['remat']}" for r in ok]
   x = np.arange(len(ok))
   base = np.zeros(len(ok))
   colours = plt.get_cmap("tab10")
@@ -66,17 +67,23 @@ def memory_breakdown(records: list[Mapping[str, Any]], hbm_bytes: int
   return _image(fig)
 
 
+def _row(r: Mapping[str, Any]) -> tuple[int, int]:
+  """A record's heatmap row: (pipeline stages P, X); P·X·Y is the chips,
+  so the pair names the mesh."""
+  return r.get("P", 1), r["X"]
+
+
 def mfu_grid(records: list[Mapping[str, Any]]):
-  """(X values, batches, best MFU per cell (NaN: no plan), whether that
+  """((P, X) rows, batches, best MFU per cell (NaN: no plan), whether that
   plan fits)."""
-  xs = sorted({r["X"] for r in records})
+  xs = sorted({_row(r) for r in records})
   bs = sorted({r["batch"] for r in records})
   grid = np.full((len(xs), len(bs)), np.nan)
   fits = np.zeros((len(xs), len(bs)), dtype=bool)
   for r in records:
     if r.get("status") != "ok":
       continue
-    i, j = xs.index(r["X"]), bs.index(r["batch"])
+    i, j = xs.index(_row(r)), bs.index(r["batch"])
     if np.isnan(grid[i, j]) or r["mfu"] > grid[i, j]:
       grid[i, j], fits[i, j] = r["mfu"], r["fits"]
   return xs, bs, grid, fits
@@ -99,10 +106,10 @@ def mfu_heatmap(records: list[Mapping[str, Any]]) -> Image.Image:
                 ha="center", va="center", fontsize=7,
                 color="white" if grid[i, j] < 0.6 else "black")
   ax.set_xticks(range(len(bs)), [str(b) for b in bs])
-  ax.set_yticks(range(len(xs)), [f"{x} x {r}" for x, r in zip(
-      xs, [next(r["Y"] for r in records if r["X"] == x) for x in xs])])
+  ax.set_yticks(range(len(xs)), [record_mesh(next(
+      r for r in records if _row(r) == row)) for row in xs])
   ax.set_xlabel("global batch (sequences)")
-  ax.set_ylabel("mesh X x Y")
+  ax.set_ylabel("mesh X x Y (PpxXxY with pipeline stages)")
   ax.set_title("Best predicted MFU per mesh and batch\n'no plan': every "
                "config there failed (see the ranked table)", fontsize=9)
   return _image(fig)

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 
 from experiments import sweep_plots
 from meshes.hardware import GiB
+from simulator.search import record_mesh
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 from tensorboard.compat.proto import tensor_shape_pb2, types_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -144,7 +145,7 @@ class MetricsWriter:
 # --------------------------------------------------------------------------
 
 SWEEP_HPARAMS = ("model", "topology", "mesh", "X", "Y", "batch", "remat",
-                 "shard", "optimizer")
+                 "shard", "optimizer", "P")
 # metric tag -> (record field, scale, description)
 SWEEP_METRICS = {  # TensorBoard's HParams shows the first five by default
     "memory/peak_gib": ("peak_bytes", 1 / GiB, "estimated peak GiB per device"),
@@ -165,22 +166,23 @@ SWEEP_METRICS = {  # TensorBoard's HParams shows the first five by default
     # in the ranked table and results.jsonl.
 }
 # TensorBoard shows a numeric hparam as "16.000": counts are written as text.
-_COUNT_HPARAMS = ("X", "Y", "batch")
+_COUNT_HPARAMS = ("X", "Y", "batch", "P")
 
 
 def _hparam(r: Mapping[str, Any], name: str) -> Any:
   if name == "mesh":
-    return f"{r['X']}x{r['Y']}"
-  return str(r[name]) if name in _COUNT_HPARAMS else r[name]
+    return record_mesh(r)
+  value = r.get(name, 1) if name == "P" else r[name]  # P: pipeline stages
+  return str(value) if name in _COUNT_HPARAMS else value
 
 
 def session_name(r: Mapping[str, Any]) -> str:
-  return (f"{r['X']}x{r['Y']}-b{r['batch']}-{r['remat']}-{r['shard']}-"
+  return (f"{record_mesh(r)}-b{r['batch']}-{r['remat']}-{r['shard']}-"
           f"{r['optimizer']}").replace(":", "_").replace(",", "+")
 
 
 def series_name(r: Mapping[str, Any]) -> str:
-  return (f"{r['X']}x{r['Y']}-{r['remat']}-{r['shard']}-{r['optimizer']}"
+  return (f"{record_mesh(r)}-{r['remat']}-{r['shard']}-{r['optimizer']}"
           ).replace(":", "_").replace(",", "+")
 
 

@@ -31,7 +31,8 @@ DEFAULT_SETTINGS = (("shard", "zero3"), ("precision", "mixed"),
                     ("grad_accum", 1), ("lora_rank", 0), ("base_quant", "none"),
                     ("offload", ()), ("target_seq", 0), ("capacity_factor", 1.0),
                     ("expert_axis", "none"), ("train_vision", False),
-                    ("vision_sharding", "sharded"))
+                    ("vision_sharding", "sharded"),
+                    ("pp", 1), ("microbatches", 1), ("schedule", "gpipe"))
 GEMMA_2B = "models/configs/gemma-2b.json"
 QWEN2_0_5B = "models/configs/qwen2-0.5b.json"
 T5_V1_1_SMALL = "models/configs/t5-v1_1-small.json"
@@ -63,6 +64,9 @@ class Case:
   expert_axis: str = "none"
   train_vision: bool = False  # a vision-language model's tower trained
   vision_sharding: str = "sharded"  # or its weights whole on every device
+  pp: int = 1  # pipeline stages on the mesh's P axis (mesh: X x Y per stage)
+  microbatches: int = 1
+  schedule: str = "gpipe"
 
   def settings(self) -> TrainSettings:
     return settings_from(dataclasses.asdict(self))
@@ -230,4 +234,14 @@ CASES: list[Case] = [
     # trained: its weights, gradients and optimizer state unsplit.
     Case("llava_mini", "v5p-8", "2x2", 16, 768, "full", "adamw", C,
          loss_chunks=4, train_vision=True, vision_sharding="replicated"),
+    # Pipeline parallelism (models.pipeline): GPipe over the mesh's P axis,
+    # the stages' saved activations for every micro-batch in flight.
+    Case("gpt2", "v5p-8", "2x1", 16, 1024, "full", "adamw", C, pp=2,
+         microbatches=4),
+    Case("gpt2", "v5p-8", "1x1", 16, 1024, "full", "adamw", C, pp=4,
+         microbatches=8),
+    Case("llama2_7b", "v5p-16", "2x2", 8, 2048, "full", "adamw", C, pp=2,
+         microbatches=4),
+    Case("gpt2", "v5p-8", "2x1", 16, 1024, "dots", "adamw", C, shard="zero1",
+         pp=2, microbatches=8),
 ]

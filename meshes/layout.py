@@ -12,6 +12,12 @@ where it fits (tensor parallelism on NVLink / ICI, as everyone runs it) and X sp
 the hosts: MaxText's `dcn_data_parallelism` = hosts with `ici_tensor_parallelism`
 = Y. A Y larger than a host takes whole hosts (`y_hosts`) and X the rest
 (`x_hosts`); the axes' physical layout inside a host is the single-host one.
+
+Pipeline stages (`P` > 1, --pp) are a third mesh axis, outermost, as MaxText
+lays `stage` first in its mesh and Megatron puts pipeline ranks across nodes:
+P·X is laid out as X alone would be, and P takes its major part (the hosts
+first, then the major physical axes), X the minor part. With P = 1 the mesh
+is the X × Y one, unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from meshes.quiet import native_stderr_quiet
 from meshes.topology import Topology
 
 AXIS_NAMES = ("X", "Y")
-_EXPLICIT = (AxisType.Explicit, AxisType.Explicit)
+STAGE_AXIS = "P"  # pipeline stages, only in a mesh with P > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,14 +65,30 @@ class MeshPlan:
   y_split: tuple[int, ...]
   x_hosts: int = 1
   y_hosts: int = 1
+  P: int = 1  # pipeline stages: the major part of what x_axes span
+  stage_hosts: int = 1  # hosts P spans (x_hosts: those X spans, P's minor)
+
+  @property
+  def axis_names(self) -> tuple[str, ...]:
+    """("X", "Y"), or ("P", "X", "Y") with pipeline stages."""
+    return ((STAGE_AXIS,) if self.P > 1 else ()) + AXIS_NAMES
+
+  @property
+  def axis_sizes(self) -> tuple[int, ...]:
+    return ((self.P,) if self.P > 1 else ()) + (self.X, self.Y)
 
   def hosts(self, axis: str) -> int:
     """How many hosts mesh axis `axis` spans (1: it stays inside a host)."""
-    return self.x_hosts if axis == "X" else self.y_hosts
+    return {"X": self.x_hosts, "Y": self.y_hosts,
+            STAGE_AXIS: self.stage_hosts}[axis]
+
+  def size(self, axis: str) -> int:
+    """The devices along mesh axis `axis` (X, Y or P)."""
+    return {"X": self.X, "Y": self.Y, STAGE_AXIS: self.P}[axis]
 
   def local(self, axis: str) -> int:
     """The devices of mesh axis `axis` inside one host."""
-    return (self.X if axis == "X" else self.Y) // self.hosts(axis)
+    return self.size(axis) // self.hosts(axis)
 
   def describe(self) -> str:
     """E.g. 'mesh 16x4 on v5p-128 (64 chips, 4x4x4): X spans axes (1, 2) ...'."""
@@ -76,9 +98,23 @@ class MeshPlan:
       net = (f", {hosts} {self.topology.network.hosts_word} x "
              f"{self.local(name)}" if hosts > 1 else "")
       return f"{name} spans axes {axes} (M_{name}={m}, {ring}{net})"
-    return (f"mesh {self.X}x{self.Y} on {self.topology.describe()}: "
+    stages = ""
+    if self.P > 1:
+      where = (f"across {self.stage_hosts} "
+               f"{self.topology.network.hosts_word}"
+               if self.stage_hosts > 1 else "the major part of X's physical "
+               "axes")
+      stages = (f"; P={self.P} pipeline stages outermost ({where}), "
+                f"X the rest")
+    return (f"mesh {mesh_name(self.X, self.Y, self.P)} on "
+            f"{self.topology.describe()}: "
             f"{axis('X', self.x_axes, self.M_X, self.wrap_x)}; "
-            f"{axis('Y', self.y_axes, self.M_Y, self.wrap_y)}")
+            f"{axis('Y', self.y_axes, self.M_Y, self.wrap_y)}{stages}")
+
+
+def mesh_name(X: int, Y: int, P: int = 1) -> str:
+  """'16x4', or with pipeline stages 'P2x8x4'."""
+  return f"{X}x{Y}" if P == 1 else f"P{P}x{X}x{Y}"
 
 
 def factorizations(n: int) -> list[tuple[int, int]]:
@@ -100,8 +136,21 @@ def parse_mesh(text: str) -> tuple[int, int]:
 
 
 def plan_mesh(topology: Topology, X: int, Y: int, m_x: int | None = None,
-              m_y: int | None = None) -> MeshPlan:
-  """Lays Y, then X, over the physical axes; see the module docstring."""
+              m_y: int | None = None, P: int = 1) -> MeshPlan:
+  """Lays Y, then X, over the physical axes; see the module docstring. With
+  P > 1 stages, P·X is laid out as X and P takes its major part."""
+  if P > 1:
+    if P <= 0 or X <= 0 or Y <= 0 or P * X * Y != topology.chips:
+      raise ValueError(
+          f"pp={P} x mesh {X}x{Y} has {P * X * Y} devices but "
+          f"{topology.name} has {topology.chips} chips; choose X*Y = "
+          f"{topology.chips}/pp")
+    base = plan_mesh(topology, P * X, Y, m_x, m_y)
+    stage_hosts = math.gcd(P, base.x_hosts)
+    return dataclasses.replace(base, X=X, P=P, stage_hosts=stage_hosts,
+                               x_hosts=base.x_hosts // stage_hosts)
+  if P != 1:
+    raise ValueError(f"pp={P} must be a positive number of stages")
   if X <= 0 or Y <= 0 or X * Y != topology.chips:
     valid = ", ".join(f"{x}x{y}" for x, y in mesh_shapes(topology))
     raise ValueError(
@@ -174,8 +223,10 @@ def _lay_out(shape: tuple[int, ...], y: int) -> tuple[tuple[int, ...], tuple[int
 
 
 def abstract_mesh(plan: MeshPlan) -> AbstractMesh:
-  """The device-free mesh for tracing, with Explicit axes named X and Y."""
-  return AbstractMesh((plan.X, plan.Y), AXIS_NAMES, axis_types=_EXPLICIT)
+  """The device-free mesh for tracing, with Explicit axes named X and Y (and
+  P first, with pipeline stages)."""
+  return AbstractMesh(plan.axis_sizes, plan.axis_names,
+                      axis_types=(AxisType.Explicit,) * len(plan.axis_names))
 
 
 def device_mesh(plan: MeshPlan) -> Mesh:
@@ -196,11 +247,14 @@ def device_mesh(plan: MeshPlan) -> Mesh:
   else:
     for d, host in _tpu_devices(topo):
       grid[(host,) + tuple(d.coords[:len(topo.shape)])] = d
-  hosts = [_arrange(grid[h], plan) for h in range(topo.hosts)]
+  px_hosts = plan.x_hosts * plan.stage_hosts  # P·X is laid out as X
+  px_local = plan.P * plan.X // px_hosts
+  hosts = [_arrange(grid[h], plan, px_local) for h in range(topo.hosts)]
   full = np.array(hosts, dtype=object).reshape(
-      plan.x_hosts, plan.y_hosts, plan.local("X"), plan.local("Y"))
-  return Mesh(full.transpose(0, 2, 1, 3).reshape(plan.X, plan.Y), AXIS_NAMES,
-              axis_types=_EXPLICIT)
+      px_hosts, plan.y_hosts, px_local, plan.local("Y"))
+  grid = full.transpose(0, 2, 1, 3).reshape(plan.axis_sizes)  # P: X's major
+  return Mesh(grid, plan.axis_names,
+              axis_types=(AxisType.Explicit,) * len(plan.axis_names))
 
 
 def _tpu_devices(topo: Topology) -> list:
@@ -220,28 +274,32 @@ def _tpu_devices(topo: Topology) -> list:
   return [(d, getattr(d, "slice_index", 0)) for d in devices]
 
 
-def _arrange(grid: np.ndarray, plan: MeshPlan) -> np.ndarray:
+def _arrange(grid: np.ndarray, plan: MeshPlan, x_local: int) -> np.ndarray:
   """Reshapes one host's physical (coords-indexed) grid into its part of the
-  X x Y mesh of `plan` (local X by local Y)."""
+  X x Y mesh of `plan` (local X, P·X's with stages, by local Y)."""
   n = grid.ndim
   split_shape = [d for a, s in enumerate(grid.shape)
                  for d in (s // plan.y_split[a], plan.y_split[a])]
   x_order = plan.x_axes + tuple(a for a in range(n) if a not in plan.x_axes)
   y_order = plan.y_axes + tuple(a for a in range(n) if a not in plan.y_axes)
   perm = [2 * a for a in x_order] + [2 * a + 1 for a in y_order]
-  return grid.reshape(split_shape).transpose(perm).reshape(plan.local("X"),
+  return grid.reshape(split_shape).transpose(perm).reshape(x_local,
                                                           plan.local("Y"))
 
 
-def cpu_mesh(X: int, Y: int) -> Mesh:
-  """An X x Y mesh of CPU devices, for tests and small real runs."""
-  if X <= 0 or Y <= 0:
-    raise ValueError(f"cpu mesh {X}x{Y} needs positive sizes")
+def cpu_mesh(X: int, Y: int, P: int = 1) -> Mesh:
+  """An X x Y (P x X x Y with stages) mesh of CPU devices, for tests and
+  small real runs."""
+  if X <= 0 or Y <= 0 or P <= 0:
+    raise ValueError(f"cpu mesh {mesh_name(X, Y, P)} needs positive sizes")
+  n = P * X * Y
   devices = jax.devices("cpu")
-  if len(devices) < X * Y:
+  if len(devices) < n:
     raise ValueError(
-        f"cpu mesh {X}x{Y} needs {X * Y} CPU devices but {len(devices)} exist; "
-        f"call jax.config.update('jax_num_cpu_devices', {X * Y}) before JAX "
-        f"initialises its backends")
-  grid = np.array(devices[:X * Y], dtype=object).reshape(X, Y)
-  return Mesh(grid, AXIS_NAMES, axis_types=_EXPLICIT)
+        f"cpu mesh {mesh_name(X, Y, P)} needs {n} CPU devices but "
+        f"{len(devices)} exist; call jax.config.update('jax_num_cpu_devices',"
+        f" {n}) before JAX initialises its backends")
+  names = ((STAGE_AXIS,) if P > 1 else ()) + AXIS_NAMES
+  sizes = ((P,) if P > 1 else ()) + (X, Y)
+  grid = np.array(devices[:n], dtype=object).reshape(sizes)
+  return Mesh(grid, names, axis_types=(AxisType.Explicit,) * len(names))

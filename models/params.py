@@ -52,14 +52,16 @@ def abstract_params(model: nn.Module) -> tuple[Any, Any]:
   not mutate the returned trees: they are shared.
   """
   return _abstract_params(model.cfg, model.rules, model.dtype,
-                          model.param_dtype, model.lora, model.quant)
+                          model.param_dtype, model.lora, model.quant,
+                          getattr(model, "stages", 1))
 
 
 @functools.lru_cache(maxsize=16)
 def _abstract_params(cfg, rules, dtype, param_dtype, lora=(0, ()),
-                     quant="none"):
+                     quant="none", stages=1):
+  staged = {"stages": stages} if stages > 1 else {}  # models.pipeline
   model = module_class(cfg)(cfg, rules, dtype=dtype, param_dtype=param_dtype,
-                            lora=lora, quant=quant)
+                            lora=lora, quant=quant, **staged)
   boxed = jax.eval_shape(model.init, jax.random.key(0),
                          **sample_inputs(model.cfg))["params"]
   names = jax.tree.map(lambda b: b.names, boxed,

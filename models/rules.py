@@ -1,4 +1,5 @@
-"""Logical axis names → mesh axes X (FSDP/data) and Y (tensor). Rules are data.
+"""Logical axis names → mesh axes X (FSDP/data) and Y (tensor), and with
+pipeline stages `stage` → P (simulator.step.step_rules). Rules are data.
 
 Three tables, because a weight lives in one layout and is used in another:
 `params` is where a weight is stored, `compute` is the layout a matmul needs
@@ -15,8 +16,8 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "kv", "mlp",
-                "vocab", "layers", "exp")
-MESH_AXES = ("X", "Y")
+                "vocab", "layers", "exp", "stage")
+MESH_AXES = ("X", "Y", "P")
 
 Table = tuple[tuple[str, str | None], ...]
 
@@ -28,7 +29,7 @@ def _table(mapping: Mapping[str, str | None]) -> Table:
                      f"{', '.join(LOGICAL_AXES)}")
   bad = [v for v in mapping.values() if v not in (*MESH_AXES, None)]
   if bad:
-    raise ValueError(f"unknown mesh axis {bad[0]!r}; valid: X, Y, or none")
+    raise ValueError(f"unknown mesh axis {bad[0]!r}; valid: X, Y, P, or none")
   return tuple(sorted(mapping.items()))
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from models import attention, decode, scopes
+from models import attention, decode, pipeline, scopes
 from models.config import ModelConfig
 from models.layers import Dense, Mlp, Norm, activation, weight
 from models.offload import on_device
@@ -186,6 +186,8 @@ class Decoder(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   lora: tuple = (0, ())  # (rank, projections): LoRA adapters (layers.Dense)
   quant: str = "none"  # the layers' projections stored quantized (QLoRA)
+  stages: int = 1  # pipeline stages (models.pipeline): layers as [K, L/K]
+  microbatches: int = 1  # micro-batches through the stages
 
   @nn.compact
   def __call__(self, inputs: jax.Array, targets: jax.Array | None = None,
@@ -206,12 +208,17 @@ class Decoder(nn.Module):
       x = activation(inputs.astype(self.dtype), RESIDUAL, self.rules)
     if prefix_BxPxD is not None:
       x = jnp.concatenate([prefix_BxPxD.astype(self.dtype), x], axis=1)
-    blocks = scanned(Block, c.n_layers, self.remat, in_axes=(0, nn.broadcast))
-    with jax.named_scope(scopes.LAYERS):
-      x, (aux_L, cache) = blocks(c, self.rules, self.attention, self.dtype,
-                                 self.param_dtype, self.lora, self.quant,
-                                 self.capacity_factor, name="blocks")(
-                                     x, cache, pos)
+    block_args = (c, self.rules, self.attention, self.dtype,
+                  self.param_dtype, self.lora, self.quant, self.capacity_factor)
+    if self.stages > 1:
+      with jax.named_scope(scopes.LAYERS):
+        x = self._pipeline(x, block_args)
+      aux_L = None
+    else:
+      blocks = scanned(Block, c.n_layers, self.remat,
+                       in_axes=(0, nn.broadcast))
+      with jax.named_scope(scopes.LAYERS):
+        x, (aux_L, cache) = blocks(*block_args, name="blocks")(x, cache, pos)
     if prefix_BxPxD is not None:
       x = x[:, prefix_BxPxD.shape[1]:]
     if c.final_norm:
@@ -238,6 +245,23 @@ class Decoder(nn.Module):
       loss = loss + c.router_aux_loss_coef * jnp.mean(aux_L)
     return loss
 
+  def _pipeline(self, x_BxSxD: jax.Array, block_args: tuple) -> jax.Array:
+    """The layers as `stages` stages of L/K scanned blocks, params stacked
+    [K, L/K, ...] on the logical axes (`stage`, `layers`), run over
+    `microbatches` micro-batches by a scan over models.pipeline's
+    iterations (params broadcast to every iteration)."""
+    k, m = self.stages, self.microbatches
+    spec = (None if jax.sharding.get_abstract_mesh().empty
+            else self.rules.spec("activations", RESIDUAL))
+    x_MxBxSxD = pipeline.split(x_BxSxD, m, spec)
+    loop = nn.scan(_Iteration, variable_broadcast="params",
+                   split_rngs={"params": False}, in_axes=0, out_axes=0,
+                   length=pipeline.iterations(k, m))
+    _, done = loop(k, self.remat, block_args, name="blocks")(
+        pipeline.empty(x_MxBxSxD[0], k, spec),
+        pipeline.injected(x_MxBxSxD, k))
+    return pipeline.merge(done[k - 1:], spec)  # the fill's zeros dropped
+
   def _embed(self, table_VxD: jax.Array, ids_BxS: jax.Array,
              start: jax.Array | int = 0) -> jax.Array:
     c = self.cfg
@@ -252,6 +276,31 @@ class Decoder(nn.Module):
                  jax.lax.dynamic_slice_in_dim(pos, start, ids_BxS.shape[1]))
       x = x + activation(pos_SxD[None], (None, None, "embed"), self.rules)
     return x
+
+
+class _Iteration(nn.Module):
+  """One pipeline iteration (models.pipeline): every stage's previous output
+  to the next stage, stage 0 taking `inject`; every stage's L/K scanned
+  blocks on what it holds (a vmap over stages, the stage dim on P); the
+  last stage's output to every stage. (outputs [K, B, S, D], finished)."""
+
+  stages: int
+  remat: str
+  block_args: tuple
+
+  @nn.compact
+  def __call__(self, y_KxBxSxD: jax.Array, inject_BxSxD: jax.Array):
+    blocks = scanned(Block, self.block_args[0].n_layers // self.stages,
+                     self.remat, in_axes=(0, nn.broadcast))
+    staged = nn.vmap(
+        blocks, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(0, None, None), out_axes=0,
+        spmd_axis_name=(None if jax.sharding.get_abstract_mesh().empty
+                        else pipeline.STAGE_AXIS),
+        metadata_params={nn.PARTITION_NAME: "stage"})(*self.block_args,
+                                                       name="stages")
+    y, _ = staged(pipeline.pass_on(y_KxBxSxD, inject_BxSxD), None, 0)
+    return y, pipeline.finished(y)
 
 
 def scanned(block: type[nn.Module], n_layers: int, remat: str,

@@ -13,7 +13,8 @@ from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from models.params import abstract_params, module_class
 from simulator.settings import TrainSettings
-from simulator.step import (build_step, device_bytes, device_shape,
+from simulator.step import (build_step, check_pipeline, device_bytes,
+                            device_shape,
                             kv_heads_replicated,
                             lay_out_params, make_model, pad_vocab,
                             params_and_names, step_rules,
@@ -25,6 +26,7 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
   """What `experiments.describe` prints: counts, dtypes, layouts, bytes."""
   mesh = abstract_mesh(plan)
   cfg = with_images(cfg, settings)
+  check_pipeline(cfg, settings)
   rules = step_rules(cfg, settings, mesh)[0]
   padded, padding = pad_vocab(cfg, rules, mesh)
   leaves, names = params_and_names(make_model(padded, settings, rules),
@@ -86,8 +88,8 @@ def optimizer_state_bytes(cfg: ModelConfig, plan: MeshPlan,
   """The optimizer's state as the step holds it (jax.eval_shape(tx.init) on
   the trained parameters, laid out like the optimizer): bytes in all and
   per device."""
-  any_batch = dataclasses.replace(settings, batch=plan.X * plan.Y,
-                                  grad_accum=1)  # the state has no batch
+  any_batch = dataclasses.replace(  # the state has no batch
+      settings, batch=plan.X * plan.Y * settings.microbatches, grad_accum=1)
   leaves = jax.tree.leaves(build_step(cfg, any_batch,
                                       abstract_mesh(plan)).opt_state)
   return {"optimizer_state_bytes": sum(math.prod(x.shape) * x.dtype.itemsize

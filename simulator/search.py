@@ -1,4 +1,5 @@
-"""Mesh search: enumerate X x Y x batch x remat x shard x optimizer, evaluate, rank.
+"""Mesh search: enumerate X x Y (x P pipeline stages) x batch x remat x shard x
+optimizer, evaluate, rank.
 
 The expensive part of evaluating a config is tracing the step (~0.4 s for a 70B
 model); everything per batch size is arithmetic. So the step is traced once per
@@ -24,7 +25,8 @@ import time
 from typing import Any, Iterable, Iterator
 
 from meshes.hardware import GiB
-from meshes.layout import MeshPlan, abstract_mesh, mesh_shapes, plan_mesh
+from meshes.layout import (MeshPlan, abstract_mesh, mesh_name, mesh_shapes,
+                           plan_mesh)
 from meshes.topology import Topology, parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
@@ -34,10 +36,10 @@ from simulator.settings import TrainSettings, settings_from
 from simulator import memory
 from simulator.tracing import mesh_class
 from simulator.timing import roofline
-from simulator.step import PlanError, with_images
+from simulator.step import PlanError, check_pipeline, with_images
 from simulator.tracing.trace import trace_probe
 
-KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer")
+KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer", "P")
 # Per-record memory: what is live at the peak, and the planning overhead.
 CATEGORIES = (*memory.PEAK_CATEGORIES, "overhead")
 
@@ -50,6 +52,7 @@ class Config:
   remat: str
   shard: str
   optimizer: str
+  P: int = 1  # pipeline stages (the mesh's third axis, meshes.layout)
 
   @property
   def key(self) -> tuple:
@@ -57,15 +60,21 @@ class Config:
 
   @property
   def trace_key(self) -> tuple:
-    return (self.X, self.Y, self.remat, self.shard, self.optimizer)
+    return (self.X, self.Y, self.remat, self.shard, self.optimizer, self.P)
 
   def label(self) -> str:
-    return (f"{self.X}x{self.Y} b{self.batch} {self.remat} {self.shard} "
-            f"{self.optimizer}")
+    return (f"{mesh_name(self.X, self.Y, self.P)} b{self.batch} {self.remat} "
+            f"{self.shard} {self.optimizer}")
 
 
 def record_key(record: dict) -> tuple:
-  return tuple(record[f] for f in KEY_FIELDS)
+  """A record's Config fields (a record from before pipeline stages: P=1)."""
+  return tuple(record.get(f, 1) if f == "P" else record[f] for f in KEY_FIELDS)
+
+
+def record_mesh(record: dict) -> str:
+  """'XxY', or 'PpxXxY' with pipeline stages."""
+  return mesh_name(record["X"], record["Y"], record.get("P", 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,36 +105,55 @@ class SweepSpec:
   patch_size: int = 0
   train_vision: bool = False
   vision_sharding: str = "sharded"
+  pps: tuple[int, ...] = (1,)  # pipeline stages to sweep (models.pipeline)
+  microbatches: int = 1  # with pp > 1
+  schedule: str = "gpipe"
 
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""
     cfg, topo = load_model(self.model), parse_topology(self.topology)
-    for name in ("batches", "remats", "shards", "optimizers"):
+    for name in ("batches", "remats", "shards", "optimizers", "pps"):
       if not getattr(self, name):
         raise ValueError(f"{name} is empty; give at least one value")
     for b in self.batches:
       if not isinstance(b, int) or b <= 0:
         raise ValueError(f"batch {b!r} must be a positive integer")
+    for p in self.pps:
+      if not isinstance(p, int) or p <= 0 or topo.chips % p:
+        raise ValueError(f"pp {p!r} must be a positive divisor of "
+                         f"{topo.name}'s {topo.chips} chips")
+    multiple = self.microbatches
     for r in self.remats:
       for s in self.shards:
         for o in self.optimizers:
-          self.settings(self.batches[0], r, s, o)  # validates each value
+          for p in self.pps:  # validates each value
+            check_pipeline(cfg, self.settings(multiple, r, s, o, p))
     with_images(cfg, self.settings(self.batches[0], self.remats[0],
                                    self.shards[0], self.optimizers[0]))
     for x, y in self.meshes or ():
-      plan_mesh(topo, x, y)
+      if not any(x * y * p == topo.chips for p in self.pps):
+        plan_mesh(topo, x, y)  # its one-line error names the valid meshes
     return cfg, topo
 
-  def settings(self, batch: int, remat: str, shard: str,
-               optimizer: str) -> TrainSettings:
+  def settings(self, batch: int, remat: str, shard: str, optimizer: str,
+               pp: int = 1) -> TrainSettings:
+    staged = ({"pp": pp} if pp > 1 else
+              {"pp": 1, "microbatches": 1, "schedule": "gpipe"})
     return settings_from({**dataclasses.asdict(self), "batch": batch,
                           "remat": remat, "shard": shard,
-                          "optimizer": optimizer})
+                          "optimizer": optimizer, **staged})
+
+  def meshes_for(self, topo: Topology, pp: int) -> list[tuple[int, int]]:
+    """The X x Y meshes of `pp` stages: --mesh's where P·X·Y is the chips,
+    else every X x Y whose P·X x Y mesh lays out (meshes.layout)."""
+    if self.meshes:
+      return [(x, y) for x, y in self.meshes if x * y * pp == topo.chips]
+    return [(x // pp, y) for x, y in mesh_shapes(topo) if x % pp == 0]
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""
-    meshes = self.meshes or tuple(mesh_shapes(topo))
-    return [Config(x, y, b, r, s, o) for x, y in meshes for s in self.shards
+    return [Config(x, y, b, r, s, o, p) for p in self.pps
+            for x, y in self.meshes_for(topo, p) for s in self.shards
             for o in self.optimizers for r in self.remats for b in self.batches]
 
 
@@ -218,13 +246,14 @@ class Sweep:
 
   def _estimator(self, c: Config):
     if c.trace_key not in self._estimators:
-      build_key = (c.X, c.Y, c.shard, c.optimizer)
+      build_key = (c.X, c.Y, c.shard, c.optimizer, c.P)
       if build_key in self._build_errors:
         self._estimators[c.trace_key] = ValueError(self._build_errors[build_key])
       else:
-        plan = plan_mesh(self.topo, c.X, c.Y)
+        plan = plan_mesh(self.topo, c.X, c.Y, P=c.P)
         # Any valid batch: trace_probe replaces it with the probe batch.
-        settings = self.spec.settings(c.X, c.remat, c.shard, c.optimizer)
+        settings = self.spec.settings(c.X * self.spec.microbatches, c.remat,
+                                      c.shard, c.optimizer, c.P)
         try:
           with _gc_paused():
             self._estimators[c.trace_key] = self._estimate(c, plan, settings)
@@ -242,7 +271,7 @@ class Sweep:
     ambiguous cannot be read at some meshes that another can)."""
     group = (c.remat, c.shard, c.optimizer,
              mesh_class.class_key(self.cfg, settings, plan)
-             if self.share_traces else (c.X, c.Y))
+             if self.share_traces else (c.X, c.Y, c.P))
     for traced, traced_plan in self._classes.get(group, ()):
       try:
         resize = mesh_class.resize_for(traced, traced_plan, plan)
@@ -274,6 +303,11 @@ class Sweep:
       if c.batch % c.X:
         raise ValueError(f"batch {c.batch} is not divisible by X={c.X}; "
                          f"the batch is sharded over X")
+      m = self.spec.microbatches if c.P > 1 else 1
+      if c.batch % (c.X * m):
+        raise ValueError(f"batch {c.batch} is not divisible by X={c.X} x "
+                         f"microbatches={m}; each micro-batch is sharded "
+                         "over X")
       est = self._estimator(c)
       if isinstance(est, Exception):
         raise est
@@ -325,7 +359,7 @@ def recommendation(ranked: list[dict]) -> str:
     if not ok:
       return "no config could be evaluated; see the errors above"
     r = ok[0]
-    return (f"nothing fits: the smallest is {r['X']}x{r['Y']} batch {r['batch']} "
+    return (f"nothing fits: the smallest is {record_mesh(r)} batch {r['batch']} "
             f"remat {r['remat']} at {r['peak_bytes'] / GiB:.1f} GiB per device > "
             f"{r['hbm_bytes'] / GiB:.0f} GiB HBM; use a larger slice, more remat or "
             f"a smaller batch")
@@ -334,7 +368,9 @@ def recommendation(ranked: list[dict]) -> str:
   thr = best.get("threshold_tokens_global")
   thr_text = (f"; compute-bound from {thr:,.0f} tokens per step"
               if thr is not None else "; never compute-bound on this mesh")
-  text = (f"recommended: mesh {best['X']}x{best['Y']} (X FSDP, Y tensor), batch "
+  stages = (f", {best['P']} pipeline stages on P" if best.get("P", 1) > 1
+            else "")
+  text = (f"recommended: mesh {record_mesh(best)} (X FSDP, Y tensor{stages}), batch "
           f"{best['batch']}, remat {best['remat']}, {best['shard']}, "
           f"{best['optimizer']}: fits at {best['peak_bytes'] / GiB:.1f} of "
           f"{best['hbm_bytes'] / GiB:.0f} GiB, {best['tokens_per_s']:,.0f} tokens/s, "
@@ -362,7 +398,7 @@ def table(ranked: list[dict], limit: int | None = None) -> str:
   lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
   reasons: list[str] = []
   for i, r in enumerate(ranked[:limit] if limit else ranked, 1):
-    mesh = f"{r['X']}x{r['Y']}"
+    mesh = record_mesh(r)
     common = f"| {i} | {mesh} | {r['batch']} | {r['remat']} | {r['shard']} | " \
              f"{r['optimizer']} |"
     if r.get("status") != "ok":
@@ -393,7 +429,7 @@ def compiled_peak_bytes(cfg: ModelConfig, settings: TrainSettings,
   """The compiler's per-device peak for the step on the real topology (libtpu)."""
   from simulator.xla import compiled
   report = compiled.compile_report(cfg, settings, plan.topology.name, plan.X,
-                                   plan.Y, progress=None)
+                                   plan.Y, progress=None)  # P: settings.pp
   return int(report.peak_bytes)
 
 
@@ -408,15 +444,15 @@ def compile_job(sweep: Sweep, record: dict) -> tuple:
   """What a worker process needs to compile the record's plan."""
   c = Config(*record_key(record))
   return (sweep.cfg, sweep.spec.settings(c.batch, c.remat, c.shard,
-                                         c.optimizer), sweep.topo.name, c.X,
-          c.Y)
+                                         c.optimizer, c.P), sweep.topo.name,
+          c.X, c.Y)
 
 
 def run_compile_job(cfg: ModelConfig, settings: TrainSettings, topology: str,
                     x: int, y: int) -> dict:
   """compile_result for a compile_job (module level: a worker runs it)."""
   return compile_result(cfg, settings, plan_mesh(parse_topology(topology), x,
-                                                 y))
+                                                 y, P=settings.pp))
 
 
 def keep_confirmation(sweep: Sweep, record: dict, result: dict) -> None:

@@ -20,6 +20,7 @@ MOE_DISPATCHES = ("capacity",)  # models.moe
 EXPERT_AXES = ("none", "x")  # experts unsplit, or split over X (all-to-all)
 # A vision tower laid out like the LM, or whole on every device.
 VISION_SHARDINGS = ("sharded", "replicated")
+SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules (models.pipeline)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +59,18 @@ class TrainSettings:
   patch_size: int = 0
   train_vision: bool = False
   vision_sharding: str = "sharded"
+  # Pipeline parallelism (models.pipeline): pp stages on the mesh's P axis,
+  # the batch run as `microbatches` micro-batches through them, scheduled
+  # GPipe (every forward, then every backward) or 1F1B.
+  pp: int = 1
+  microbatches: int = 1
+  schedule: str = "gpipe"
 
   def __post_init__(self):
     for field in ("lora_targets", "offload"):  # JSON gives lists
       object.__setattr__(self, field, tuple(getattr(self, field)))
-    for field in ("batch", "seq", "loss_chunks", "grad_accum"):
+    for field in ("batch", "seq", "loss_chunks", "grad_accum", "pp",
+                  "microbatches"):
       value = getattr(self, field)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{field}={value!r} must be a positive integer")
@@ -70,7 +78,8 @@ class TrainSettings:
                          ("precision", PRECISIONS), ("shard", SHARDS),
                          ("moe_dispatch", MOE_DISPATCHES),
                          ("expert_axis", EXPERT_AXES),
-                         ("vision_sharding", VISION_SHARDINGS)):
+                         ("vision_sharding", VISION_SHARDINGS),
+                         ("schedule", SCHEDULES)):
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r}; valid: "
                          f"{', '.join(valid)}")
@@ -82,6 +91,19 @@ class TrainSettings:
       raise ValueError(f"batch={self.batch} is not a multiple of grad_accum="
                        f"{self.grad_accum}; the step runs batch/grad_accum "
                        f"sequences per micro-batch")
+    if self.batch % self.microbatches:
+      raise ValueError(f"batch={self.batch} is not a multiple of microbatches="
+                       f"{self.microbatches}; each micro-batch runs "
+                       "batch/microbatches sequences")
+    if self.pp == 1 and (self.microbatches > 1 or self.schedule != "gpipe"):
+      raise ValueError(f"microbatches={self.microbatches}, schedule="
+                       f"{self.schedule}: these schedule pipeline stages; "
+                       "give pp > 1 (or grad_accum for micro-batches "
+                       "without stages)")
+    if self.pp > 1 and self.grad_accum > 1:
+      raise ValueError(f"grad_accum={self.grad_accum} with pp={self.pp}: a "
+                       "pipeline runs its micro-batches itself; use "
+                       "microbatches")
     for field in ("images_per_sample", "image_size", "patch_size"):
       value = getattr(self, field)
       if not isinstance(value, int) or value < 0:
@@ -110,6 +132,11 @@ class TrainSettings:
                        f"valid: {', '.join(OFFLOADS)}")
     from models.remat import policy  # validates the remat spec
     policy(self.remat)
+
+  @property
+  def batch_splits(self) -> int:
+    """Micro-batches per step: grad_accum's, or the pipeline's."""
+    return self.microbatches if self.pp > 1 else self.grad_accum
 
   @property
   def decoder_seq(self) -> int:

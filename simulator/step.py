@@ -58,6 +58,9 @@ class Step:
   vocab_padding: int  # rows added so Y divides the vocabulary, as Megatron does
   grad_accum: int = 1  # micro-batches per step
   micro_batch: Tree = None  # one micro-batch's abstract arrays
+  microbatches: int = 1  # a pipeline's, inside the loss (models.pipeline)
+  stages: int = 1  # pipeline stages
+  schedule: str = "gpipe"  # the pipeline schedule (simulator.memory.schedule)
 
   @property
   def args(self) -> tuple[Tree, Tree, Tree]:
@@ -66,6 +69,8 @@ class Step:
 
 def make_model(cfg: ModelConfig, settings: TrainSettings, rules: AxisRules):
   """The decoder, or the encoder-decoder, for these settings."""
+  staged = ({"stages": settings.pp, "microbatches": settings.microbatches}
+            if settings.pp > 1 else {})  # models.pipeline
   return module_class(cfg)(
       cfg, rules=rules, remat=settings.remat, attention=settings.attention,
       loss_chunks=settings.loss_chunks,
@@ -74,7 +79,8 @@ def make_model(cfg: ModelConfig, settings: TrainSettings, rules: AxisRules):
       quant=settings.base_quant,
       **({"capacity_factor": settings.capacity_factor} if cfg.moe else {}),
       **({"tower_replicated": settings.vision_sharding == "replicated"}
-         if cfg.vision else {}))
+         if cfg.vision else {}),
+      **staged)
 
 
 def params_and_names(model, settings: TrainSettings) -> tuple[Tree, Tree]:
@@ -84,6 +90,24 @@ def params_and_names(model, settings: TrainSettings) -> tuple[Tree, Tree]:
   if settings.vision_sharding == "replicated":
     names = replicated_tower(names)
   return leaves, names
+
+
+def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
+  """One-line ValueErrors for pipeline settings this model cannot run:
+  stages over a decoder-only dense model's layers only."""
+  pp = settings.pp
+  if pp == 1:
+    return
+  kind = ("an encoder-decoder" if cfg.encoder_decoder else
+          "a vision-language model" if cfg.vision else
+          "a mixture of experts" if cfg.moe else None)
+  if kind:
+    raise ValueError(f"pp={pp}: {cfg.name} is {kind}; pipeline stages are "
+                     "built for decoder-only dense models (e.g. llama2_7b)")
+  if cfg.n_layers % pp:
+    divisors = [d for d in range(1, cfg.n_layers + 1) if cfg.n_layers % d == 0]
+    raise ValueError(f"pp={pp} does not divide {cfg.name}'s {cfg.n_layers} "
+                     f"layers; valid: {', '.join(map(str, divisors))}")
 
 
 def batch_shapes(cfg: ModelConfig, settings: TrainSettings,
@@ -204,6 +228,9 @@ def step_rules(cfg: ModelConfig, settings: TrainSettings, mesh,
   shard = settings.shard
   if cfg.moe and settings.expert_axis == "x":
     base_rules = expert_rules(base_rules, "X")
+  if settings.pp > 1:  # the layer stack's stage dim (models.pipeline)
+    for table in ("params", "compute", "activations"):
+      base_rules = base_rules.replace(table, stage="P")
   return tuple(mesh_rules(cfg, rules_for(fsdp, base_rules), mesh)
                for fsdp in (shard == "zero3", shard != "dp",
                             shard in ("zero2", "zero3")))
@@ -258,15 +285,21 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                      f"{mlp_targets[0]!r} is in {cfg.name}'s mixture of "
                      "experts, where adapters are not built; valid: q, k, v, "
                      "o")
+  check_pipeline(cfg, settings)
+  if dict(mesh.shape).get("P", 1) != settings.pp:
+    raise PlanError(f"pp={settings.pp} needs a mesh with P={settings.pp}; "
+                    f"this mesh is {dict(mesh.shape)}")
   rules, opt_rules, grad_rules = step_rules(cfg, settings, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = make_model(cfg, settings, rules)
   shapes = batch_shapes(cfg, settings, rules)
   accum = settings.grad_accum
+  split, flag = ((accum, "grad_accum") if settings.pp == 1 else
+                 (settings.microbatches, "microbatches"))
   for key, (shape, _, spec) in shapes.items():
     check_divisible(f"batch {key} {shape}", shape, spec, mesh)
-    micro_shape = (shape[0] // accum, *shape[1:])
-    check_divisible(f"micro-batch {key} {micro_shape} (grad_accum={accum})",
+    micro_shape = (shape[0] // split, *shape[1:])
+    check_divisible(f"micro-batch {key} {micro_shape} ({flag}={split})",
                      micro_shape, spec, mesh)
 
   leaves, names = params_and_names(model, settings)
@@ -344,7 +377,8 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
     return _merged(p, new_p, trainable), opt_state, loss
 
   return Step(step, loss_fn, params, grads, opt_state, batch, names, model,
-              rules, vocab_padding, accum, micro_batch)
+              rules, vocab_padding, accum, micro_batch,
+              settings.microbatches, settings.pp, settings.schedule)
 
 
 def _micro_batches(accum: int) -> Callable[[jax.Array], jax.Array]:

@@ -178,3 +178,23 @@ def test_multi_slice_device_mesh_puts_x_across_slices():
   slices = [[d.slice_index for d in row] for row in mesh.devices]
   assert slices == [[0, 0], [0, 0], [1, 1], [1, 1]]
   assert len({d.id for d in mesh.devices.flat}) == 8
+
+
+def test_pipeline_stages_are_the_outermost_axis():
+  """P x X x Y: P·X laid out as X alone, P its major part, so across TPU
+  slices the stages take the slices (as Megatron puts pipeline ranks across
+  nodes); with P = 1 the plan is the X x Y one."""
+  plan = layout.plan_mesh(parse_topology("v5p-8x2"), 2, 2, P=2)
+  assert plan.axis_names == ("P", "X", "Y") and plan.axis_sizes == (2, 2, 2)
+  assert (plan.stage_hosts, plan.x_hosts, plan.local("X")) == (2, 1, 2)
+  assert "P=2 pipeline stages outermost (across 2 slices)" in plan.describe()
+  assert tuple(layout.abstract_mesh(plan).shape.values()) == (2, 2, 2)
+  mesh = layout.device_mesh(plan)
+  assert mesh.axis_names == ("P", "X", "Y")
+  assert [{d.slice_index for d in mesh.devices[p].flat} for p in (0, 1)] == [
+      {0}, {1}]
+  one = parse_topology("v5p-8")
+  assert layout.plan_mesh(one, 4, 1, P=1) == layout.plan_mesh(one, 4, 1)
+  with pytest.raises(ValueError, match="pp=2 x mesh 2x2 has 8 devices but "
+                     "v5p-8 has 4 chips"):
+    layout.plan_mesh(one, 2, 2, P=2)

@@ -38,7 +38,8 @@ def test_corpus_spans_every_setting():
 
 def test_corpus_spans_models_and_meshes():
   """gpt2 to 70B, MQA and GQA, Hugging Face configs; pure FSDP to TP-heavy
-  meshes; every case's mesh uses all its topology's chips."""
+  meshes; every case's mesh (with its pipeline stages) uses all its
+  topology's chips."""
   cfgs = {m: load_model(m) for m in _values("model")}
   sizes = [num_params(c) for c in cfgs.values()]
   assert min(sizes) < 2e8 and max(sizes) > 6e10
@@ -49,7 +50,7 @@ def test_corpus_spans_models_and_meshes():
   assert any(y == 1 for _, y in meshes) and any(y >= 4 * x for x, y in meshes)
   for c in CASES:
     x, y = parse_mesh(c.mesh)
-    assert x * y == parse_topology(c.topology).chips, c.label()
+    assert x * y * c.pp == parse_topology(c.topology).chips, c.label()
 
 
 def test_every_part_holds_every_kind():

@@ -53,7 +53,7 @@ from meshes.layout import MeshPlan, abstract_mesh
 from models import scopes
 from models.config import ModelConfig
 from simulator.tracing.batch_probe import carries_batch, require_probe, rescale
-from simulator.memory import capacity, liveness, xla_rules
+from simulator.memory import capacity, liveness, schedule, xla_rules
 from simulator.memory.tiling import tpu_tiled_bytes
 from simulator.settings import TrainSettings
 from simulator.step import (HOST as PINNED, device_bytes, device_shape,
@@ -129,6 +129,9 @@ class MemoryEstimate:
   points: liveness.Points | None = dataclasses.field(repr=False,
                                                      default=None)
   trainable_params: int = 0  # parameters the step trains (LoRA: adapters)
+  # (stages, microbatches): the 1F1B rule on the traced GPipe step
+  # (simulator.memory.schedule); None: the traced schedule as it is.
+  one_f_one_b: tuple[int, int] | None = None
 
   @property
   def host_ram_bytes(self) -> int:
@@ -143,7 +146,8 @@ class MemoryEstimate:
                        f"{self.batch_shards} (the batch's shards)")
     return dataclasses.replace(
         _assemble(self.tensors, self.points, batch, self.traced_batch,
-                  self.hbm_bytes, self.batch_shards, self.host_devices),
+                  self.hbm_bytes, self.batch_shards, self.host_devices,
+                  self.one_f_one_b),
         trainable_params=self.trainable_params)
 
 
@@ -253,7 +257,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   step = traced.step
   batch = step.batch["inputs"].shape[0]
   require_probe(batch, plan.X * plan.Y, "estimate_memory",
-                step.grad_accum)
+                step.grad_accum * step.microbatches)
   _require_loss(traced.jaxpr)
   per_device_batch = device_shape(step.batch["inputs"])[0]
   tiled = plan.topology.chip.kind == "tpu"
@@ -262,10 +266,12 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
       jax.tree.leaves(step.opt_state))
   points = liveness.simulate(traced.jaxpr, donated,
                             gpu=plan.topology.chip.kind == "gpu")
+  rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
+          else None)
   return dataclasses.replace(
       _assemble(tuple(tensors), points, batch, batch,
                 capacity.capacity_bytes(plan), batch // per_device_batch,
-                plan.topology.chips_per_vm),
+                plan.topology.chips_per_vm, rule),
       trainable_params=trainable_params(step))
 
 
@@ -283,7 +289,8 @@ def _peak_category(b: liveness.LiveBuffer) -> str:
 
 def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
               batch: int, traced_batch: int, hbm_bytes: int,
-              shards: int, host_devices: int) -> MemoryEstimate:
+              shards: int, host_devices: int,
+              one_f_one_b: tuple[int, int] | None = None) -> MemoryEstimate:
   totals = {c: 0 for c in CATEGORIES}
   at_peak = {c: 0 for c in PEAK_CATEGORIES}
   host = pinned = 0
@@ -310,10 +317,18 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
                       b, category))
   arguments = sum(at_peak[c] for c in ("params", "optimizer", "batch",
                                        "tile_padding"))
-  transient, index = points.peak_at(batch, traced_batch)
+  cut = 0.0
+  if one_f_one_b:  # simulator.memory.schedule
+    transient, index, _ = schedule.one_f_one_b(points, batch, traced_batch,
+                                               *one_f_one_b)
+    cut = 1.0 - schedule.in_flight_share(*one_f_one_b)
+  else:
+    transient, index = points.peak_at(batch, traced_batch)
   live = []
   for buf in points.live(index) if index >= 0 else ():
     b = buf.bytes[0] + buf.bytes[1] * batch // traced_batch
+    if cut and schedule.stage_saved(buf):
+      b -= schedule.taken_off(b, cut)
     category = _peak_category(buf)
     at_peak[category] += b
     live.append(Contributor(buf.where, rescale(buf.shape, batch,
@@ -336,9 +351,12 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
       batch=batch, batch_shards=shards, arguments_bytes=arguments,
       tile_padding_bytes=at_peak["tile_padding"],
       compiled_comparable_peak=comparable, at_peak=at_peak,
-      peak_where=points.where[index] if index >= 0 else "nothing transient",
+      peak_where=(points.where[index] + (" (1F1B rule)" if one_f_one_b
+                                          else "")
+                  if index >= 0 else "nothing transient"),
       peak_buffers=by_size(live)[:PEAK_BUFFERS], phase_bytes=phases,
-      traced_batch=traced_batch, tensors=tensors, points=points)
+      traced_batch=traced_batch, tensors=tensors, points=points,
+      one_f_one_b=one_f_one_b)
 
 
 def largest_batch(estimate: MemoryEstimate, cap_bytes: int, step: int,

@@ -120,8 +120,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           ) -> _Plan:
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
-  in_place = {v for v in in_place_out
-              if not (isinstance(v, jcore.Var) and xla_rules.on_host(v.aval))}
+  in_place = {v for v in in_place_out  # a literal output has no buffer
+              if isinstance(v, jcore.Var) and not xla_rules.on_host(v.aval)}
   eqns = jaxpr.eqns
   n = len(eqns)
   consumers: dict = {}

@@ -27,6 +27,14 @@ over l on V, plus the DCN ring over h on V/l with f = (h-1)/h, at the slice's
 per-chip DCN bandwidth (meshes.network). GPU topologies are timed as NCCL times
 them (simulator.timing.nccl): ring, tree, NVLS and hierarchical algorithms with
 per-hop latencies. `collective_cost` picks the model for the topology.
+
+Pipeline stages (mesh axis P, meshes.layout): a stage's send to the next
+(a collective permute) is point to point, V bytes over one link to the
+neighbouring chip (w_link, one way), or over the network between hosts
+(per-chip DCN / InfiniBand bandwidth) where the stages span hosts; other
+collectives over P (the finished micro-batch's sum) are rings over one
+physical axis without wraparound (M_P = 1: P takes the major part of X's
+axes, meshes.layout).
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ def collectives(traced, plan: MeshPlan | None = None) -> list[Collective]:
 def axis_bandwidth(plan: MeshPlan, axis: str, link_bandwidth: float,
                    wraparound: bool | None = None) -> float:
   """Bytes/s one device moves over `axis`: M · (2·w_link with wraparound, else w_link)."""
+  if axis == "P":  # pipeline stages: see the module doc
+    return link_bandwidth
   m = plan.M_X if axis == "X" else plan.M_Y
   wrap = (plan.wrap_x if axis == "X" else plan.wrap_y) if wraparound is None \
       else wraparound
@@ -82,9 +92,13 @@ def collective_cost(kind: str, axis: str, plan: MeshPlan, link_bandwidth: float,
   """The cost of one `kind` collective over mesh axis `axis` (n devices; default
   the plan's size of the axis, spread over the plan's hosts). `nbytes` (V)
   picks NCCL's algorithm on GPUs; TPU costs are linear in V."""
-  n = (plan.X if axis == "X" else plan.Y) if n is None else n
+  n = plan.size(axis) if n is None else n
   hosts = plan.hosts(axis)
   topo = plan.topology
+  if kind == "permute" and axis == "P":  # one send to the next stage
+    over = topo.network.bandwidth if hosts > 1 else link_bandwidth
+    return Cost(0.0, 1.0 / over if n > 1 else 0.0,
+                "p2p" if hosts == 1 else "network")
   if topo.chip.kind == "gpu":
     return nccl.cost(kind, nbytes, n / hosts, hosts, link_bandwidth,
                      topo.network.bandwidth, topo.chip.name in nccl.NVLS_CHIPS)

@@ -57,6 +57,8 @@ import numpy as np
 
 from meshes.layout import MeshPlan, abstract_mesh, mesh_shapes, plan_mesh
 from models import moe, scopes
+from models import pipeline
+from models.pipeline import iterations
 from simulator.tracing.batch_probe import carries_batch, require_probe
 from simulator.timing.comms import collective_cost
 from simulator.tracing.program import Program, read_traced
@@ -204,14 +206,17 @@ def mxu_padding(mxu_dims: tuple[int, ...], tile: int) -> float:
 
 
 def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
-        expert_fraction: float = 1.0) -> MeshModel:
+        expert_fraction: float = 1.0, stage_share: float = 1.0) -> MeshModel:
   """Per-collective and per-matmul linear fits from one probe-batch trace.
 
   A value traced at the probe batch (simulator.tracing.batch_probe) either carries the
   batch (all of its bytes or FLOPs are the per-token term) or does not (all of
   them are the fixed term); `tokens` is the probe trace's global token count.
   expert_fraction: routed token choices over expert slots
-  (models.moe.active_fraction), for the model FLOPs of MFU.
+  (models.moe.active_fraction), for the model FLOPs of MFU. stage_share:
+  with pipeline stages, the share of the traced layers' work on real
+  micro-batches, M/(M+K-1) (models.pipeline: the bubble's iterations run
+  the stages on zeros); the step time keeps all of it, model FLOPs do not.
   """
   terms = []
   for c in program.collectives:
@@ -230,7 +235,8 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
                      d.flops_per_device * pad / tokens if linear else 0.0,
                      d.flops_global / tokens if linear else 0.0,
                      d.x_exp, d.y_exp, d.kind,
-                     _useful(d.source, expert_fraction), pad))
+                     _useful(d.source, expert_fraction)
+                     * (stage_share if d.layer != "top" else 1.0), pad))
   hbm = tuple(Hbm(t.layer, t.phase, t.count, float(t.fixed),
                   t.linear / tokens) for t in program.traffic)
   counts: dict[str, int] = {}
@@ -249,11 +255,14 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan), residuals=False)
   batch = traced.step.batch["inputs"].shape[0]
-  require_probe(batch, plan.X * plan.Y, "fit_mesh", settings.grad_accum)
+  require_probe(batch, plan.X * plan.Y, "fit_mesh", settings.batch_splits)
   fraction = (moe.active_fraction(cfg, settings.seq, settings.capacity_factor)
               if cfg.moe else 1.0)
+  share = (settings.microbatches / iterations(settings.pp,
+                                              settings.microbatches)
+           if settings.pp > 1 else 1.0)
   return fit(read_traced(traced), batch * settings.seq, plan, settings.seq,
-             fraction)
+             fraction, share)
 
 
 def _layer_times(model: MeshModel, tokens: float, hw: Hardware, phases,
@@ -380,7 +389,7 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
     all_global += g1 * tokens
   model_flops = _model_flops(model, tokens, "backward" in phases)
   step = tm + th + te
-  peak = plan.X * plan.Y * hw.flops_per_chip
+  peak = plan.P * plan.X * plan.Y * hw.flops_per_chip
   thr = max([l.threshold_tokens_global for l in layers if l.t_math > 0] or
             [math.inf])
   return StepEstimate(
@@ -436,3 +445,23 @@ def search_meshes(cfg, settings: TrainSettings, topology, m_x=None, m_y=None,
     est = step_estimate(model, tokens or settings.tokens, hw, pass_)
     rows.append(MeshRow(plan, model, est))
   return rows
+
+
+def pipeline_summary(cfg, settings: TrainSettings, plan: MeshPlan) -> dict:
+  """What a pipeline plan's step adds (models.pipeline): the bubble, the
+  stage sends (count, per-device bytes each, seconds each at the P link's
+  bandwidth, simulator.timing.comms) and the memory rule of the schedule."""
+  k, m = settings.pp, settings.microbatches
+  each = pipeline.send_bytes(settings.batch // m // plan.X, settings.seq,
+                             cfg.d_model // plan.Y)
+  hw = Hardware.for_plan(plan)
+  seconds = collective_cost("permute", "P", plan, hw.link_bandwidth).time(each)
+  return {"stages": k, "microbatches": m, "schedule": settings.schedule,
+          "iterations": pipeline.iterations(k, m),
+          "bubble_fraction": pipeline.bubble_fraction(k, m),
+          "sends": pipeline.sends(k, m), "send_bytes": each,
+          "send_seconds": seconds,
+          "memory": ("1F1B rule on the traced GPipe step "
+                     "(simulator.memory.schedule)"
+                     if settings.schedule == "1f1b" else
+                     "traced (GPipe: every micro-batch in flight)")}

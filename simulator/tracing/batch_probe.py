@@ -70,7 +70,8 @@ def require_probe(batch: int, devices: int, what: str,
 def probe_settings(cfg: ModelConfig, settings: TrainSettings,
                    devices: int) -> TrainSettings:
   """`settings` at the probe batch for a mesh of `devices` chips: PROBE
-  sequences per device in each micro-batch (grad_accum of them)."""
+  sequences per device in each micro-batch (grad_accum of them, or a
+  pipeline's microbatches)."""
   check_config(cfg, settings.seq, settings.target_seq)
   return dataclasses.replace(settings,
-                             batch=PROBE * devices * settings.grad_accum)
+                             batch=PROBE * devices * settings.batch_splits)

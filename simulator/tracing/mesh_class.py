@@ -12,7 +12,9 @@ collectives run) is the same wherever these are the same:
   1 as no axis: its collectives vanish);
 - whether the kv heads are replicated over Y (simulator.step: Y not
   dividing them changes the shardings), and the vocabulary's padding to its
-  axis (simulator.step.pad_vocab changes a global shape).
+  axis (simulator.step.pad_vocab changes a global shape);
+- the pipeline stages P (a mesh with P has a third axis and the stage loop,
+  models.pipeline): each P is a class of its own.
 
 That is the class key (`class_key`). Inside a class, the estimators
 (simulator.memory, simulator.timing.roofline) run again on the one traced program
@@ -47,7 +49,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Iterator
 
-from meshes.layout import AXIS_NAMES, MeshPlan, abstract_mesh
+from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from simulator.settings import TrainSettings
 
@@ -179,9 +181,9 @@ def resize_for(traced: Traced, traced_plan: MeshPlan,
   residual a shard_map made (its global shape may be its body's times the
   sizes of the axes it varies on) is not read off a body: only the
   residuals stacked over every axis are (`Resize._divided`)."""
-  if (traced_plan.X, traced_plan.Y) == (target.X, target.Y):
+  if traced_plan.axis_sizes == target.axis_sizes:
     return None
-  sizes = lambda p: dict(zip(AXIS_NAMES, (p.X, p.Y)))
+  sizes = lambda p: dict(zip(p.axis_names, p.axis_sizes))
   resize = Resize(sizes(traced_plan), sizes(target), {}, {})
   _shard_map_dims(traced.jaxpr.jaxpr, resize)
   for r in traced.residuals:  # made in a trace of their own
@@ -202,4 +204,4 @@ def class_key(cfg: ModelConfig, settings: TrainSettings,
   rules, _, _ = step_rules(cfg, settings, mesh)
   padded, _ = pad_vocab(cfg, rules, mesh)
   return (plan.X == 1, plan.Y == 1, kv_heads_replicated(cfg, plan.Y),
-          padded.vocab_size)
+          padded.vocab_size) + ((plan.P,) if plan.P > 1 else ())

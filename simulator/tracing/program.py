@@ -147,6 +147,23 @@ def _local_bytes(shape, spec, dtype, sizes) -> int:
   return n * jax.numpy.dtype(dtype).itemsize
 
 
+def _body_shape(aval, sizes) -> tuple[int, ...]:
+  """A shard_map body value's per-device shape: its manual dims are per
+  device already; a dim it keeps sharded over an axis the shard_map leaves
+  to the compiler (a pipeline's X and Y around its manual P) is divided."""
+  shape = mesh_class.local_shape(aval.shape)
+  spec = tuple(getattr(getattr(aval, "sharding", None), "spec", ()) or ())
+  spec += (None,) * (len(shape) - len(spec))
+  return tuple(d // math.prod(sizes.get(a, 1) for a in _entry_axes(e))
+               for d, e in zip(shape, spec))
+
+
+def _entry_axes(entry) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def _exps(spec) -> tuple[int, int]:
   flat = [a for axes in spec for a in axes]
   return flat.count("X"), flat.count("Y")
@@ -308,9 +325,11 @@ class _Walker:
       if subs:
         key, sub = subs[0]
         sctx = dict(ectx)
-        if name == "shard_map":
+        if name == "shard_map":  # over every axis, or some (pipeline: P)
+          manual = eqn.params.get("newly_manual_axes") or self.sizes
           sctx["manual"] = True
-          sctx["manual_mult"] = math.prod(self.sizes.values())
+          sctx["manual_mult"] = math.prod(self.sizes.get(a, 1)
+                                          for a in manual)
         if len(sub.invars) == len(eqn.invars):
           pin = [pending.get(v) if isvar(v) else None for v in eqn.invars]
           outs, pend = self.walk(sub, in_data, sctx, pending_in=pin,
@@ -533,7 +552,7 @@ class _Walker:
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
     aval = (eqn.outvars[0] if kinds[name] != "reduce-scatter"
             else eqn.invars[0]).aval
-    shape = mesh_class.local_shape(aval.shape)
+    shape = _body_shape(aval, self.sizes)
     nbytes = math.prod(shape) * jax.numpy.dtype(aval.dtype).itemsize
     for a in axes:
       self._emit(ctx, kinds[name], a, shape, ((),) * len(shape),

@@ -250,4 +250,5 @@ def trace_probe(cfg: ModelConfig, settings: TrainSettings, mesh,
                 residuals: bool = True) -> Traced:
   """The step traced at the probe batch (simulator.tracing.batch_probe): what the
   memory and timing estimates read, once, for every batch size."""
-  return trace(cfg, probe_settings(cfg, settings, mesh.size), mesh, residuals)
+  devices = mesh.shape["X"] * mesh.shape["Y"]  # P (stages) holds no batch
+  return trace(cfg, probe_settings(cfg, settings, devices), mesh, residuals)

@@ -78,10 +78,14 @@ def target_kind(target: str) -> str:
   return parse_topology(t).chip.kind
 
 
-def make_mesh(target: str, X: int, Y: int):
-  """A real jax Mesh (Explicit X/Y axes) for `target`; see the module docstring."""
+def make_mesh(target: str, X: int, Y: int, P: int = 1):
+  """A real jax Mesh (Explicit X/Y axes, P first with pipeline stages) for
+  `target`; see the module docstring."""
   if target == "cpu":
-    return layout.cpu_mesh(X, Y)
+    return layout.cpu_mesh(X, Y, P)
+  if P > 1 and target == "gpu":
+    raise ValueError("pp > 1 compiles on a TPU or GPU topology name, not on "
+                     "attached GPUs")
   if target == "gpu":
     try:
       devices = jax.devices("gpu")
@@ -92,7 +96,8 @@ def make_mesh(target: str, X: int, Y: int):
     grid = np.array(devices[:X * Y], dtype=object).reshape(X, Y)
     return jax.sharding.Mesh(grid, layout.AXIS_NAMES,
                              axis_types=(jax.sharding.AxisType.Explicit,) * 2)
-  return layout.device_mesh(layout.plan_mesh(parse_topology(target), X, Y))
+  return layout.device_mesh(layout.plan_mesh(parse_topology(target), X, Y,
+                                             P=P))
 
 
 def symbolic_argument_bytes(step: Step, reads: Sequence[bool]
@@ -309,7 +314,7 @@ def report(c: Compiled, target: str) -> CompiledReport:
     cost = cost[0] if cost else None
   cost = cost or {}
   colls, known = hlo_collectives.parse_collectives(
-      c.hlo_text, tuple(c.mesh.shape[a] for a in layout.AXIS_NAMES), layout.AXIS_NAMES)
+      c.hlo_text, tuple(c.mesh.shape.values()), tuple(c.mesh.axis_names))
   return CompiledReport(
       target=target, mesh=(c.mesh.shape["X"], c.mesh.shape["Y"]),
       compile_seconds=c.seconds, argument_bytes=arg, output_bytes=out,
@@ -338,7 +343,8 @@ def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
   label = f"[{cfg.name} {target} {X}x{Y}] "
   if progress:
     progress(f"{label}building and lowering the train step ...")
-  c = compile_step(cfg, settings, make_mesh(target, X, Y), progress, label,
+  c = compile_step(cfg, settings, make_mesh(target, X, Y, settings.pp),
+                   progress, label,
                    dump_dir)
   rep = report(c, target)
   if execute_steps and target in ("gpu", "cpu"):
