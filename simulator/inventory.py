@@ -88,8 +88,12 @@ def optimizer_state_bytes(cfg: ModelConfig, plan: MeshPlan,
   """The optimizer's state as the step holds it (jax.eval_shape(tx.init) on
   the trained parameters, laid out like the optimizer): bytes in all and
   per device."""
+  seq = settings.seq  # nor a length: one the model's positions allow
+  if cfg.positions == "learned":
+    seq = min(seq, cfg.max_len)
   any_batch = dataclasses.replace(  # the state has no batch
-      settings, batch=plan.X * plan.Y * settings.microbatches, grad_accum=1)
+      settings, batch=plan.X * plan.Y * settings.microbatches, grad_accum=1,
+      seq=seq)
   leaves = jax.tree.leaves(build_step(cfg, any_batch,
                                       abstract_mesh(plan)).opt_state)
   return {"optimizer_state_bytes": sum(math.prod(x.shape) * x.dtype.itemsize

@@ -43,6 +43,17 @@ def test_text_output_names_the_count_and_chips():
   assert "8.000 bytes per trained parameter" in out.stdout
 
 
+def test_a_model_with_learned_positions_is_described():
+  """gpt2 holds 1024 learned positions, fewer than the default sequence;
+  describe needs no sequence (the optimizer state has none)."""
+  out = describe("--model=gpt2", "--topology=v5p-8", "--mesh=4x1",
+                 "--format=json")
+  assert out.returncode == 0, out.stderr
+  info = json.loads(out.stdout)
+  assert info["num_params"] == 124_439_808
+  assert info["optimizer_state_bytes"] == 8 * info["num_params"] + 4
+
+
 def test_8bit_optimizer_state_bytes():
   """adamw_8bit: a uint8 code per parameter for each moment and an f32
   absmax per block: llama2_7b on 2x2, 2.044 bytes per parameter (blocks of
