@@ -1,5 +1,5 @@
 """models.pipeline: stages on P, the loop's result, its sends and bubble; the
-1F1B rule (simulator.memory.schedule); the refusals of bad pipeline plans."""
+refusals of bad pipeline plans."""
 
 import dataclasses
 import json
@@ -21,8 +21,6 @@ from models import pipeline
 from models.registry import load_model
 from models.transformer import Decoder
 from simulator.timing import comms, roofline
-from simulator import memory
-from simulator.memory import schedule
 from simulator.settings import TrainSettings
 from simulator.step import build_step
 from simulator.tracing.trace import trace
@@ -39,8 +37,6 @@ def test_bubble_iterations_and_sends():
   assert pipeline.bubble_fraction(4, 8) == pytest.approx(3 / 11)
   assert pipeline.bubble_fraction(2, 1) == pytest.approx(1 / 2)
   assert pipeline.sends(2, 4) == 10
-  assert schedule.in_flight_share(4, 8) == pytest.approx(4 / 11)
-  assert schedule.in_flight_share(4, 2) == pytest.approx(2 / 5)
 
 
 def test_stage_params_are_stacked_over_stages_on_p():
@@ -98,23 +94,6 @@ def test_stage_sends_are_the_programs_permutes():
   assert summary["send_bytes"] == each and summary["sends"] == 10
   assert summary["send_seconds"] == pytest.approx(
       each / PLAN.topology.chip.ici_link_bandwidth)
-
-
-def test_one_f_one_b_keeps_k_micro_batches_of_stage_activations():
-  """Without remat the stages' saved activations set the peak: the 1F1B
-  rule keeps min(M, K)/(M+K-1) of those live there and nothing else."""
-  plan = plan_mesh(parse_topology("v5p-8"), 1, 1, P=4)
-  run = lambda sched: memory.memory_report(TINY4, TrainSettings(
-      batch=16, seq=256, pp=4, microbatches=8, remat="none",
-      schedule=sched), plan)
-  gpipe, one_f = run("gpipe"), run("1f1b")
-  assert one_f.peak_where.endswith("(1F1B rule)")
-  assert one_f.compiled_comparable_peak < 0.7 * gpipe.compiled_comparable_peak
-  assert one_f.at_peak["params"] == gpipe.at_peak["params"]
-  assert (one_f.at_peak["activations"]
-          < 0.5 * gpipe.at_peak["activations"])
-  assert sum(one_f.at_peak.values()) == pytest.approx(
-      one_f.compiled_comparable_peak, rel=1e-6)
 
 
 CPU_SCRIPT = textwrap.dedent("""\
