@@ -66,6 +66,15 @@ def define_train_flags() -> None:
   define_pipeline_flags()
 
 
+def define_hbm_fraction_flag() -> None:
+  """--hbm_fraction: the headroom a largest-batch answer keeps."""
+  from simulator.memory.capacity import HBM_FRACTION
+  flags.DEFINE_float("hbm_fraction", HBM_FRACTION, "the share of HBM (on "
+                     "GPUs: of JAX's pool, simulator.memory.capacity) the "
+                     "peak may use when finding the largest batch that fits "
+                     "(the playbook keeps 15-20% free)")
+
+
 def define_pipeline_flags() -> None:
   """--pp, --microbatches, --schedule: pipeline stages (models.pipeline)."""
   d = S.TrainSettings()

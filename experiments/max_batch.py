@@ -19,22 +19,19 @@ from absl import flags
 from experiments import cli
 from meshes.hardware import GiB
 from simulator import memory
-from simulator.memory.capacity import capacity_bytes
+from simulator.memory.capacity import capacity_bytes, check_hbm_fraction
 
 FLAGS = flags.FLAGS
 cli.define_model_flags()
 cli.define_train_flags()
-flags.DEFINE_float("hbm_fraction", 0.85, "the share of HBM (on GPUs: of JAX's "
-                   "pool, simulator.memory.capacity) the peak may use (the "
-                   "playbook keeps 15-20% free)")
+cli.define_hbm_fraction_flag()
 flags.DEFINE_bool("confirm", False, "compile the answer for the topology")
 
 
 def main(argv) -> None:
   del argv
   import dataclasses
-  if not 0 < FLAGS.hbm_fraction <= 1:
-    raise ValueError(f"--hbm_fraction={FLAGS.hbm_fraction} must be in (0, 1]")
+  check_hbm_fraction(FLAGS.hbm_fraction)
   cfg, plan = cli.model_and_plan()
   settings = cli.train_settings()
   step = plan.X * settings.batch_splits  # whole sequences per micro-batch shard

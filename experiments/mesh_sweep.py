@@ -73,6 +73,7 @@ def define_flags() -> None:
                        "batch/microbatches sequences through the stages")
   flags.DEFINE_enum("schedule", "gpipe", list(S.SCHEDULES), "with pp > 1: "
                     "gpipe or 1f1b")
+  cli.define_hbm_fraction_flag()
   flags.DEFINE_integer("top_k", 3, "confirm this many best plans by compiling; 0: none")
   flags.DEFINE_bool("resume", False, "continue the latest LOGDIR/RUN* folder")
   flags.DEFINE_bool("progress", True, "progress bars on stderr")
@@ -117,7 +118,7 @@ def spec_from_flags():
       patch_size=FLAGS.patch_size, train_vision=FLAGS.train_vision,
       vision_sharding=FLAGS.vision_sharding,
       pps=_ints("pps", FLAGS.pps), microbatches=FLAGS.microbatches,
-      schedule=FLAGS.schedule)
+      schedule=FLAGS.schedule, hbm_fraction=FLAGS.hbm_fraction)
 
 
 def run_dir_for(logdir: str, name: str, resume: bool) -> str:
@@ -139,7 +140,7 @@ _IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
              "base_quant", "offload", "moe_dispatch", "capacity_factor",
              "expert_axis", "images_per_sample", "image_size", "patch_size",
              "train_vision", "vision_sharding",
-             "microbatches", "schedule")
+             "microbatches", "schedule", "hbm_fraction")
 
 
 def check_run_settings(run_dir: str, spec) -> None:
@@ -312,7 +313,7 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   ranked = _confirm(sweep, ranked, top_k, workers, results, progress, out,
                     ray_address)
   text = search.table(ranked)
-  why = search.recommendation(ranked)
+  why = search.recommendation(ranked, spec.hbm_fraction)
   print(text, file=out)
   print(why, file=out)
   tb_dir = tbw.write_sweep(run_dir, ranked, text, why, topo.chip.hbm_bytes)

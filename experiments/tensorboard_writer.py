@@ -161,6 +161,9 @@ SWEEP_METRICS = {  # TensorBoard's HParams shows the first five by default
     # parallel coordinates drop a session missing a shown metric).
     "perf/compute_bound": ("compute_bound", 1, "1 if the step is "
                            "compute-bound at this batch"),
+    "memory/max_batch": ("max_batch", 1, "the largest batch of this mesh, "
+                         "remat, shard and optimizer within --hbm_fraction "
+                         "of the capacity"),
     # The compiled peak is not a metric: only the confirmed plans have one,
     # and parallel coordinates drop a session missing a shown metric; it is
     # in the ranked table and results.jsonl.

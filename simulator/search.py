@@ -31,7 +31,8 @@ from meshes.topology import Topology, parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
 from simulator.cache import Cache
-from simulator.memory.capacity import capacity_bytes
+from simulator.memory.capacity import (HBM_FRACTION, capacity_bytes,
+                                       check_hbm_fraction)
 from simulator.settings import TrainSettings, settings_from
 from simulator import memory
 from simulator.tracing import mesh_class
@@ -108,6 +109,9 @@ class SweepSpec:
   pps: tuple[int, ...] = (1,)  # pipeline stages to sweep (models.pipeline)
   microbatches: int = 1  # with pp > 1
   schedule: str = "gpipe"
+  # Each plan's largest batch is the largest whose peak stays within this
+  # share of the capacity (the playbook's 15-20% headroom; max_batch's).
+  hbm_fraction: float = HBM_FRACTION
 
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""
@@ -115,6 +119,7 @@ class SweepSpec:
     for name in ("batches", "remats", "shards", "optimizers", "pps"):
       if not getattr(self, name):
         raise ValueError(f"{name} is empty; give at least one value")
+    check_hbm_fraction(self.hbm_fraction)
     for b in self.batches:
       if not isinstance(b, int) or b <= 0:
         raise ValueError(f"batch {b!r} must be a positive integer")
@@ -179,6 +184,19 @@ class _Estimator:
       self.base_memory = memory.estimate_memory(traced, plan)
     self.hardware = roofline.Hardware.for_plan(plan)
     self.seq = settings.seq
+    self._largest: dict[tuple, int] = {}
+
+  def largest_batch(self, fraction: float, step: int) -> int:
+    """The largest global batch, a multiple of `step`, whose peak stays
+    within `fraction` of the capacity (0: not even `step`): exact from the
+    batch-affine memory (simulator.memory.largest_batch), once per group."""
+    key = (fraction, step)
+    if key not in self._largest:
+      with mesh_class.resized(self.resize):
+        self._largest[key] = memory.largest_batch(
+            self.base_memory, int(fraction * self.base_memory.hbm_bytes),
+            step)
+    return self._largest[key]
 
   def at(self, batch: int) -> dict[str, Any]:
     with mesh_class.resized(self.resize):  # what is live at the peak
@@ -318,8 +336,11 @@ class Sweep:
       return record
     hbm = est.base_memory.hbm_bytes  # simulator.memory.capacity
     values.setdefault("compute_bound", values["t_math_s"] >= values["t_comm_s"])
+    splits = m if c.P > 1 else self.spec.grad_accum
     record.update(status="ok", **values,
                   hbm_bytes=hbm, fits=bool(values["peak_bytes"] <= hbm),
+                  max_batch=est.largest_batch(self.spec.hbm_fraction,
+                                              c.X * splits),
                   tokens_per_s=c.batch * self.spec.seq / values["step_time_s"],
                   eval_s=time.perf_counter() - start)
     if not math.isfinite(record["threshold_tokens_global"]):
@@ -350,8 +371,9 @@ def rank(records: list[dict]) -> list[dict]:
   return sorted(records, key=order)
 
 
-def recommendation(ranked: list[dict]) -> str:
-  """One paragraph: the chosen plan and why."""
+def recommendation(ranked: list[dict], fraction: float = HBM_FRACTION) -> str:
+  """One paragraph: the chosen plan and why; `fraction`: the headroom its
+  records' max_batch was found for."""
   best = ranked[0] if ranked else None
   if (best is None or best.get("status") != "ok" or not best["fits"]
       or refuted(best)):
@@ -381,6 +403,10 @@ def recommendation(ranked: list[dict]) -> str:
   if best.get("compiled_peak_bytes") is not None:
     text += (f"; the compiler confirms {best['compiled_peak_bytes'] / GiB:.1f} GiB "
              f"peak")
+  if best.get("max_batch"):
+    text += (f"; on this mesh, remat, shard and optimizer up to batch "
+             f"{best['max_batch']} stays within {fraction:.0%} of the "
+             f"capacity")
   return text
 
 
@@ -392,9 +418,13 @@ def _percent(x: float | None) -> str:
 def table(ranked: list[dict], limit: int | None = None) -> str:
   """The ranked table, plain text (also valid markdown); a failed config
   points to its reason, printed whole under the table. MFU is the step-time
-  model's prediction; MFU bound the roofline's (simulator.timing.roofline)."""
+  model's prediction; MFU bound the roofline's (simulator.timing.roofline);
+  max batch the largest batch of the plan's mesh, remat, shard and optimizer
+  within --hbm_fraction of the capacity (0: none; '-': a record from before
+  the field)."""
   head = ("| rank | mesh | batch | remat | shard | optimizer | peak GiB | fits | "
-          "step s | tokens/s | MFU | MFU bound | bound by | compiled GiB |")
+          "max batch | step s | tokens/s | MFU | MFU bound | bound by | "
+          "compiled GiB |")
   lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
   reasons: list[str] = []
   for i, r in enumerate(ranked[:limit] if limit else ranked, 1):
@@ -406,12 +436,12 @@ def table(ranked: list[dict], limit: int | None = None) -> str:
       if reason not in reasons:
         reasons.append(reason)
       lines.append(f"{common} failed [{reasons.index(reason) + 1}] "
-                   "| | | | | | | |")
+                   "| | | | | | | | |")
       continue
     comp = r.get("compiled_peak_bytes")
     lines.append(
         f"{common} {r['peak_bytes'] / GiB:.2f} | {'yes' if r['fits'] else 'no'} | "
-        f"{r['step_time_s']:.3g} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
+        f"{r.get('max_batch', '-')} | {r['step_time_s']:.3g} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
         f"{_percent(r.get('roofline_mfu'))} | "
         f"{'compute' if r['compute_bound'] else 'comm'} | "
         f"{'' if comp is None else f'{comp / GiB:.2f}'} |")

@@ -43,4 +43,5 @@ def test_the_experiment_says_it_in_one_line():
   assert none.stdout.startswith("nothing fits in 0% of 95 GiB")
   bad = _run("--hbm_fraction=1.5")
   assert bad.returncode == 2 and bad.stderr.strip() == (
-      "error: --hbm_fraction=1.5 must be in (0, 1]")
+      "error: hbm_fraction=1.5 must be in (0, 1] (the share of the capacity "
+      "the peak may use; the playbook keeps 15-20% free: 0.85)")

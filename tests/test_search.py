@@ -48,6 +48,43 @@ def test_batch_rescaling_matches_a_fresh_trace(swept):
   assert r["step_time_s"] == pytest.approx(direct["step_time_s"])
 
 
+def test_max_batch_is_the_largest_that_stays_within_the_fraction():
+  """Each record's max_batch: the largest multiple of X whose peak stays
+  within hbm_fraction of the capacity, the same for every batch of its
+  group, and what max_batch's own function gives on a direct trace; the
+  next multiple would not fit. A fraction small enough makes it 0."""
+  from meshes.layout import plan_mesh
+  from meshes.topology import parse_topology
+  from models.registry import load_model
+  from simulator import memory
+  from simulator.settings import TrainSettings
+  fraction = 1e-4  # 9.5 MiB of v5p's 95 GiB: a few hundred tiny sequences
+  spec = search.SweepSpec(model="tiny", topology="v5p-16", batches=(8, 16),
+                          remats=("none",), seq=64, meshes=((4, 2),),
+                          hbm_fraction=fraction)
+  sweep = search.Sweep(spec)
+  records = list(sweep.evaluate(spec.configs(sweep.topo)))
+  best = {r["max_batch"] for r in records}
+  assert len(best) == 1
+  best = best.pop()
+  assert best > 0 and best % 4 == 0
+  plan = plan_mesh(parse_topology("v5p-16"), 4, 2)
+  est = memory.memory_report(load_model("tiny"), TrainSettings(
+      batch=8, seq=64, remat="none"), plan)
+  cap = int(fraction * est.hbm_bytes)
+  assert memory.largest_batch(est, cap, 4) == best
+  assert est.at_batch(best).compiled_comparable_peak <= cap
+  assert est.at_batch(best + 4).compiled_comparable_peak > cap
+  none = search.Sweep(search.SweepSpec(
+      model="tiny", topology="v5p-16", batches=(8,), remats=("none",),
+      seq=64, meshes=((4, 2),), hbm_fraction=1e-9))
+  assert none.evaluate_one(search.Config(4, 2, 8, "none", "zero3",
+                                         "adamw"))["max_batch"] == 0
+  with pytest.raises(ValueError, match=r"hbm_fraction=1.5 must be in \(0, 1\]"):
+    search.SweepSpec(model="tiny", topology="v5p-16", batches=(8,),
+                     hbm_fraction=1.5).validate()
+
+
 def test_more_batch_means_more_activation_memory_and_remat_saves_it(swept):
   _, records = swept
   ok = {(r["X"], r["Y"], r["batch"], r["remat"]): r for r in records

@@ -122,3 +122,16 @@ def capacity_bytes(plan: MeshPlan) -> int:
   if plan.topology.chip.kind == "gpu":
     return gpu_budget(plan).capacity_bytes
   return plan.topology.chip.hbm_bytes
+
+
+# The share of the capacity a plan's peak may use when asking for the largest
+# batch: the fine-tuning playbook (seed 002) keeps 15-20% free.
+HBM_FRACTION = 0.85
+
+
+def check_hbm_fraction(fraction: float) -> None:
+  """A one-line ValueError unless 0 < fraction <= 1."""
+  if not 0 < fraction <= 1:
+    raise ValueError(f"hbm_fraction={fraction} must be in (0, 1] (the share "
+                     "of the capacity the peak may use; the playbook keeps "
+                     f"15-20% free: {HBM_FRACTION})")
