@@ -100,12 +100,10 @@ def data_parallel_rules(rules: AxisRules) -> AxisRules:
   lays the batch on): weights whole on every device in all three tables, so
   a module under them runs data-parallel with no gather and no TP
   collective (a replicated vision tower)."""
-  for table in ("params", "compute", "activations"):
-    keep = dict(getattr(rules, table)).get("batch") if table == "activations" \
-        else None
-    rules = rules.replace(table, **{a: None for a in LOGICAL_AXES})
-    rules = rules.replace(table, batch=keep)
-  return rules
+  whole = {a: None for a in LOGICAL_AXES}
+  batch = dict(rules.activations).get("batch")
+  return AxisRules(params=_table(whole), compute=_table(whole),
+                   activations=_table({**whole, "batch": batch}))
 
 
 def reshard(x: jax.Array, spec: P) -> jax.Array:

@@ -184,19 +184,20 @@ class _Estimator:
       self.base_memory = memory.estimate_memory(traced, plan)
     self.hardware = roofline.Hardware.for_plan(plan)
     self.seq = settings.seq
-    self._largest: dict[tuple, int] = {}
+    self.batch_step = plan.X * settings.batch_splits  # whole micro-batches
+    self._largest: dict[float, int] = {}
 
-  def largest_batch(self, fraction: float, step: int) -> int:
-    """The largest global batch, a multiple of `step`, whose peak stays
-    within `fraction` of the capacity (0: not even `step`): exact from the
-    batch-affine memory (simulator.memory.largest_batch), once per group."""
-    key = (fraction, step)
-    if key not in self._largest:
+  def largest_batch(self, fraction: float) -> int:
+    """The largest global batch, a multiple of `batch_step`, whose peak
+    stays within `fraction` of the capacity (0: not even one step): exact
+    from the batch-affine memory (simulator.memory.largest_batch), once per
+    group."""
+    if fraction not in self._largest:
       with mesh_class.resized(self.resize):
-        self._largest[key] = memory.largest_batch(
+        self._largest[fraction] = memory.largest_batch(
             self.base_memory, int(fraction * self.base_memory.hbm_bytes),
-            step)
-    return self._largest[key]
+            self.batch_step)
+    return self._largest[fraction]
 
   def at(self, batch: int) -> dict[str, Any]:
     with mesh_class.resized(self.resize):  # what is live at the peak
@@ -336,11 +337,9 @@ class Sweep:
       return record
     hbm = est.base_memory.hbm_bytes  # simulator.memory.capacity
     values.setdefault("compute_bound", values["t_math_s"] >= values["t_comm_s"])
-    splits = m if c.P > 1 else self.spec.grad_accum
     record.update(status="ok", **values,
                   hbm_bytes=hbm, fits=bool(values["peak_bytes"] <= hbm),
-                  max_batch=est.largest_batch(self.spec.hbm_fraction,
-                                              c.X * splits),
+                  max_batch=est.largest_batch(self.spec.hbm_fraction),
                   tokens_per_s=c.batch * self.spec.seq / values["step_time_s"],
                   eval_s=time.perf_counter() - start)
     if not math.isfinite(record["threshold_tokens_global"]):
