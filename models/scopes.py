@@ -24,6 +24,7 @@ frame names or tracebacks (which change with where packages are installed).
 
 from __future__ import annotations
 
+import functools
 import re
 
 LAYERS = "layers"
@@ -35,7 +36,10 @@ EXPERTS = "moe_experts"
 _TRANSFORM = re.compile(r"\w+\(|\)")  # jvp(...), transpose(...), remat(...)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def scopes_of(name_stack) -> tuple[str, ...]:
   """The named scopes of a name stack, JAX's transformation wrappers removed:
-  'transpose(jvp(Decoder))/layers' -> ('Decoder', 'layers')."""
+  'transpose(jvp(Decoder))/layers' -> ('Decoder', 'layers'). Cached: a
+  program's equations share a few hundred name stacks (immutable, hashable)
+  and the memory and timing readers ask for each one's scopes many times."""
   return tuple(p for p in _TRANSFORM.sub("", str(name_stack)).split("/") if p)

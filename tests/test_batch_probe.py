@@ -48,8 +48,7 @@ def traces(request):
   probe = trace_probe(cfg, settings, mesh)
   real = trace(cfg, settings, mesh)
   pb = probe.step.batch["inputs"].shape[0]
-  double = trace(cfg, dataclasses.replace(settings, batch=2 * pb), mesh,
-                 residuals=False)
+  double = trace(cfg, dataclasses.replace(settings, batch=2 * pb), mesh)
   return probe, real, batch, pb, double
 
 

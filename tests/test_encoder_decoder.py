@@ -91,7 +91,7 @@ def test_program_names_each_stack_and_counts_every_matmul():
   dec = (2 * t * (6 * d * nh + 2 * d * f) + 2 * s * 2 * d * nh
          + 4 * t * t * nh + 4 * t * s * nh)
   forward = b * (c.encoder_layers * enc + n * dec + 2 * t * d * c.vocab_size)
-  traced = trace(TINY, st, MESH, residuals=False)
+  traced = trace(TINY, st, MESH)
   assert count_flops(traced).total_global == 3 * forward
   assert {"encoder", "decoder"} <= {d.layer for d in read_traced(traced).dots}
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)

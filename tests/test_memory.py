@@ -176,6 +176,20 @@ def test_gpt2_layer_residuals_vs_memory_equation():
   assert weights == 2 * 12 * h * h  # bf16 copies of the four matrices (12H^2)
 
 
+def test_comparable_peak_at_is_at_batchs(tiny):
+  """The bisection's shortcut gives at_batch's compiler-comparable peak, the
+  1F1B rule and TPU batch-tile padding included."""
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  e = memory.memory_report(tiny, TrainSettings(batch=4, seq=64), plan)
+  pp_plan = plan_mesh(parse_topology("v5p-16"), 2, 2, P=2)
+  pp = memory.memory_report(tiny, TrainSettings(
+      batch=8, seq=64, pp=2, microbatches=2, schedule="1f1b"), pp_plan)
+  for est in (e, pp):
+    for b in (4, 8, 12, 36, 1000):
+      assert est.comparable_peak_at(b) == (
+          est.at_batch(b).compiled_comparable_peak)
+
+
 def test_at_batch_rescales_shapes_and_chains(tiny):
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   small = _estimate(tiny, plan, batch=2, remat="offload:qkv")

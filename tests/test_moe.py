@@ -139,8 +139,7 @@ def test_the_loss_adds_the_weighted_load_balancing_loss():
 
 def _program(**kw):
   settings = TrainSettings(batch=4, seq=64, **kw)
-  return read_traced(trace_probe(TINY, settings, abstract_mesh(PLAN),
-                                 residuals=False))
+  return read_traced(trace_probe(TINY, settings, abstract_mesh(PLAN)))
 
 
 def test_expert_parallelism_moves_tokens_by_all_to_all_over_x():
@@ -158,7 +157,7 @@ def test_a_shared_expert_traces_at_a_mesh_and_adds_its_parameters():
   assert num_params(qwen) - num_params(TINY) == TINY.n_layers * (
       3 * d * 32 + d)
   program = read_traced(trace_probe(qwen, TrainSettings(batch=4, seq=64),
-                                    abstract_mesh(PLAN), residuals=False))
+                                    abstract_mesh(PLAN)))
   gates = [x for x in program.dots if "shared_expert_gate" in x.source]
   assert gates and all(x.kind in ("weight", "weight_grad") for x in gates)
 

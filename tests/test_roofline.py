@@ -165,8 +165,7 @@ def test_mxu_dims_are_the_per_device_k_and_n():
   from simulator.tracing.trace import trace_probe
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   s = TrainSettings(batch=8, seq=128, remat="none")
-  p = read_traced(trace_probe(PRESETS["tiny"], s, abstract_mesh(plan),
-                              residuals=False))
+  p = read_traced(trace_probe(PRESETS["tiny"], s, abstract_mesh(plan)))
   dims = {d.source.split("/")[-2]: d.mxu_dims for d in p.dots
           if d.phase == "forward" and "/attn/" in d.source
           and d.source.split("/")[-2] in ("q", "o")}

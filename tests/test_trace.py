@@ -1,12 +1,17 @@
 """simulator.tracing.trace: which residuals XLA keeps as buffers (fused_residuals),
-which arguments the step reads (read_inputs)."""
+the residuals read off the train step's own program (saved_residuals), which
+arguments the step reads (read_inputs)."""
 
 import jax
 import jax.numpy as jnp
 
 import optax
 
-from simulator.tracing.trace import fused_residuals, read_inputs
+from meshes.layout import abstract_mesh, plan_mesh
+from meshes.topology import parse_topology
+from models.registry import load_model
+from simulator.settings import TrainSettings
+from simulator.tracing.trace import fused_residuals, read_inputs, trace
 
 
 def _fused_by_shape(fn, *args) -> dict[tuple, list[bool]]:
@@ -72,3 +77,37 @@ def test_read_inputs_adafactor_placeholders_unread():
   # w factored: v is a placeholder; b not: v_row and v_col are.
   assert sorted(unread) == [(1,), (1,), (1,)], unread
   assert all(r for x, r in zip(leaves, reads) if x.shape != (1,))
+
+
+def _saved(residuals) -> list[tuple]:
+  return [(str(r.aval), r.name, r.fused, r.op) for r in residuals
+          if not r.argument and r.aval.shape]  # scalars: a seed or a literal
+
+
+def _step_and_loss_residuals(**kw):
+  mesh = abstract_mesh(plan_mesh(parse_topology("v5p-16"), 4, 2))
+  traced = trace(load_model("tiny"), TrainSettings(batch=8, seq=128, **kw),
+                 mesh)
+  step = traced.step
+  with jax.sharding.use_abstract_mesh(mesh):
+    of_loss = fused_residuals(step.loss_fn, step.params, step.micro_batch)
+  return _saved(traced.residuals), _saved(of_loss)
+
+
+def test_step_residuals_are_the_loss_vjps():
+  """Read off the step's program, the residuals are those jax.vjp of the
+  loss saves (a trace of their own), for every remat kind and with
+  grad_accum (the first micro-batch's forward and backward are at the top)."""
+  for kw in ({"remat": "full"}, {"remat": "dots"}, {"remat": "none"},
+             {"remat": "offload:qkv"}, {"remat": "full", "grad_accum": 2}):
+    step, of_loss = _step_and_loss_residuals(**kw)
+    assert step and step == of_loss, kw
+
+
+def test_frozen_weights_save_nothing_for_their_gradient():
+  """LoRA: the step takes no gradient of the frozen base, so nothing is saved
+  for one (the final norm's output feeds only the frozen output projection's
+  weight gradient); a vjp of the loss over every param would save it."""
+  step, of_loss = _step_and_loss_residuals(remat="full", lora_rank=4)
+  assert set(step) < set(of_loss)
+  assert any("final_norm" in name for _, name, _, _ in set(of_loss) - set(step))

@@ -140,8 +140,7 @@ def test_replicated_tower_runs_data_parallel_with_no_collective():
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   st = TrainSettings(batch=8, seq=64, remat="none", attention="materialized")
   in_tower = lambda s: [
-      c for c in read_traced(trace_probe(TINY, s, abstract_mesh(plan),
-                                         residuals=False)).collectives
+      c for c in read_traced(trace_probe(TINY, s, abstract_mesh(plan))).collectives
       if c.layer == "layers" or "vision_tower" in c.source]
   assert {(c.kind, c.axis) for c in in_tower(st)} == {
       ("all-gather", "X"), ("all-gather", "Y"), ("reduce-scatter", "Y")}

@@ -150,6 +150,14 @@ class MemoryEstimate:
                   self.one_f_one_b),
         trainable_params=self.trainable_params)
 
+  def comparable_peak_at(self, batch: int) -> int:
+    """`at_batch(batch).compiled_comparable_peak` alone, without naming what
+    is live (largest_batch's bisection asks it many times)."""
+    arguments = sum(_argument_bytes(t, batch, self.traced_batch)
+                    for t in self.tensors)
+    return arguments + _transient(self.points, batch, self.traced_batch,
+                                  self.one_f_one_b)[0]
+
 
 # --------------------------------------------------------------------------
 # The step's tensors.
@@ -287,6 +295,26 @@ def _peak_category(b: liveness.LiveBuffer) -> str:
   return "activations" if linear else "temporaries"
 
 
+def _argument_bytes(t: Tensor, batch: int, traced_batch: int) -> int:
+  """A tensor's bytes among the step's arguments (0: not an argument)."""
+  if t.category == "batch_padding":
+    return _batch_padding(t, batch, traced_batch)
+  if t.category in ("params", "optimizer", "batch", "padding"):
+    return t.bytes_at(batch, traced_batch)
+  return 0
+
+
+def _transient(points: liveness.Points, batch: int, traced_batch: int,
+               one_f_one_b: tuple[int, int] | None) -> tuple[int, int]:
+  """(bytes, point index) of the largest transient live set, under the 1F1B
+  rule (simulator.memory.schedule) where it applies."""
+  if one_f_one_b:
+    transient, index, _ = schedule.one_f_one_b(points, batch, traced_batch,
+                                               *one_f_one_b)
+    return transient, index
+  return points.peak_at(batch, traced_batch)
+
+
 def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
               batch: int, traced_batch: int, hbm_bytes: int,
               shards: int, host_devices: int,
@@ -317,13 +345,8 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
                       b, category))
   arguments = sum(at_peak[c] for c in ("params", "optimizer", "batch",
                                        "tile_padding"))
-  cut = 0.0
-  if one_f_one_b:  # simulator.memory.schedule
-    transient, index, _ = schedule.one_f_one_b(points, batch, traced_batch,
-                                               *one_f_one_b)
-    cut = 1.0 - schedule.in_flight_share(*one_f_one_b)
-  else:
-    transient, index = points.peak_at(batch, traced_batch)
+  transient, index = _transient(points, batch, traced_batch, one_f_one_b)
+  cut = 1.0 - schedule.in_flight_share(*one_f_one_b) if one_f_one_b else 0.0
   live = []
   for buf in points.live(index) if index >= 0 else ():
     b = buf.bytes[0] + buf.bytes[1] * batch // traced_batch
@@ -364,10 +387,9 @@ def largest_batch(estimate: MemoryEstimate, cap_bytes: int, step: int,
   """The largest global batch, a multiple of `step`, whose compiler-
   comparable peak is at most `cap_bytes` (0: not even `step` fits). Exact:
   every program point's live bytes are affine in the batch, so the peak is
-  their maximum, nondecreasing in the batch; a bisection over `at_batch`
-  (a few hundred microseconds each), no compile."""
-  fits = lambda n: estimate.at_batch(n * step).compiled_comparable_peak <= (
-      cap_bytes)
+  their maximum, nondecreasing in the batch; a bisection over
+  `comparable_peak_at`, no compile."""
+  fits = lambda n: estimate.comparable_peak_at(n * step) <= cap_bytes
   if not fits(1):
     return 0
   lo, hi = 1, 2

@@ -253,7 +253,7 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   (simulator.tracing.trace.trace_probe), reused; only its program is read.
   """
   if traced is None:
-    traced = trace_probe(cfg, settings, abstract_mesh(plan), residuals=False)
+    traced = trace_probe(cfg, settings, abstract_mesh(plan))
   batch = traced.step.batch["inputs"].shape[0]
   require_probe(batch, plan.X * plan.Y, "fit_mesh", settings.batch_splits)
   fraction = (moe.active_fraction(cfg, settings.seq, settings.capacity_factor)

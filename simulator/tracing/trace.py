@@ -1,10 +1,11 @@
 """Trace the train step once under a mesh: the program every estimate reads.
 
 `jax.make_jaxpr` of the step under an Explicit X/Y mesh gives every value with
-its NamedSharding; `fused_residuals` of the loss lists what the backward pass
-keeps under the remat policy, each with its sharding (JAX's saved residuals).
+its NamedSharding; `saved_residuals` reads off that same program what its
+backward pass keeps from the forward under the remat policy, each with its
+sharding (JAX's saved residuals), so one trace serves every estimate.
 
-`fused_residuals` says which of a function's residuals XLA would keep as a
+`saved_residuals` says which of the residuals XLA would keep as a
 buffer of their own when the function is recomputed inside one fused loop body
 (a rematerialized layer's backward): an elementwise op's output that feeds only
 elementwise ops is computed inside the fusion of its consumers (the norm's f32
@@ -105,34 +106,37 @@ def read_inputs(jaxpr) -> list[bool]:
   return [v in read for v in jaxpr.invars]
 
 
-def fused_residuals(fn, *args) -> tuple[Residual, ...]:
-  """What the VJP of fn saves for its backward, in the order
-  jax.ad_checkpoint.saved_residuals lists them (literals, constants,
-  arguments, then equation outputs in program order), each named by the
+def _backward(eqn) -> bool:
+  """Made by the backward pass: JAX's transpose names its equations so."""
+  return "transpose(" in str(eqn.source_info.name_stack)
+
+
+def saved_residuals(closed, arg_names: list[str]) -> tuple[Residual, ...]:
+  """What the backward pass of a traced program reads from its forward pass
+  (the residuals jax.vjp would save), in the order
+  jax.ad_checkpoint.saved_residuals lists them (constants, arguments,
+  then equation outputs in program order), each named by the
   program's structure (named scopes, checkpoint names, the equation that made
   it) and marked `fused` when XLA recomputes it inside the fusion that uses it
-  rather than holding a buffer (see the module doc)."""
-  leaves, tree = jax.tree.flatten(args)
+  rather than holding a buffer (see the module doc).
 
-  def flat(*leaves):
-    return fn(*jax.tree.unflatten(tree, leaves))
-
-  closed, shapes = jax.make_jaxpr(lambda *a: jax.vjp(flat, *a),
-                                  return_shape=True)(*leaves)
+  Read off the program's top level, where the forward and the backward of the
+  step (or of its first micro-batch, with grad_accum) meet, so the train step
+  needs no trace of its own for them; `arg_names` name its inputs."""
   jaxpr = closed.jaxpr
-  n_res = len(jax.tree.leaves(shapes[1]))
-  jaxpr = jaxpr.replace(outvars=jaxpr.outvars[len(jaxpr.outvars) - n_res:])
-  see_through = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
-                 if e.primitive.name == "reduce_precision"}
-  res = {see_through.get(v, v) for v in jaxpr.outvars
-         if isinstance(v, jcore.Var)}
   producer, consumers = {}, {}
   for eqn in jaxpr.eqns:
     for v in eqn.outvars:
       producer[v] = eqn
-    for v in eqn.invars:
-      if isinstance(v, jcore.Var):
-        consumers.setdefault(v, []).append(eqn)
+    if not _backward(eqn):  # the forward's own readers
+      for v in eqn.invars:
+        if isinstance(v, jcore.Var):
+          consumers.setdefault(v, []).append(eqn)
+  see_through = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
+                 if e.primitive.name == "reduce_precision"}
+  forward = lambda v: v not in producer or not _backward(producer[v])
+  res = {see_through.get(v, v) for e in jaxpr.eqns if _backward(e)
+         for v in e.invars if isinstance(v, jcore.Var) and forward(v)}
 
   def root(v):  # the equation that made v, seen through views
     eqn = producer.get(v)
@@ -162,11 +166,7 @@ def fused_residuals(fn, *args) -> tuple[Residual, ...]:
         return True
     return False
 
-  arg_names = [jax.tree_util.keystr(path, simple=True, separator="/")
-               for path, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
-  out = [Residual(v.aval, "a literal") for v in jaxpr.outvars
-         if isinstance(v, jcore.Literal)]
-  out += [Residual(v.aval, "a constant") for v in jaxpr.constvars if v in res]
+  out = [Residual(v.aval, "a constant") for v in jaxpr.constvars if v in res]
   out += [Residual(v.aval, f"argument {name}", argument=True)
           for v, name in zip(jaxpr.invars, arg_names) if v in res]
   for eqn in jaxpr.eqns:  # in program (forward) order
@@ -178,6 +178,28 @@ def fused_residuals(fn, *args) -> tuple[Residual, ...]:
             fused=not (made_as_buffer(v) or read_as_buffer(v)),
             op=eqn.primitive.name, scopes=scopes))
   return tuple(out)
+
+
+def arg_names(args) -> list[str]:
+  """A program's flat inputs named by their pytree paths ("0/blocks/...")."""
+  return [jax.tree_util.keystr(path, simple=True, separator="/")
+          for path, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+
+
+def fused_residuals(fn, *args) -> tuple[Residual, ...]:
+  """saved_residuals of fn's gradient with respect to every argument, the
+  output's cotangent an input of the program (not a forward value)."""
+  leaves, tree = jax.tree.flatten(args)
+  flat = lambda *a: fn(*jax.tree.unflatten(tree, a))
+  cotangents = jax.tree.leaves(jax.eval_shape(flat, *leaves))
+
+  def grads(leaves, cotangents):
+    out, vjp = jax.vjp(flat, *leaves)
+    return vjp(jax.tree.unflatten(jax.tree.structure(out), cotangents))
+
+  closed = jax.make_jaxpr(grads)(leaves, cotangents)
+  return saved_residuals(closed, arg_names(args)
+                         + ["cotangent"] * len(cotangents))
 
 
 def _what(eqn, producer=None) -> str:
@@ -232,23 +254,17 @@ def _describe(eqn, v, scopes: tuple[str, ...]) -> str:
   return f"{where}: {role}, {count}"
 
 
-def trace(cfg: ModelConfig, settings: TrainSettings, mesh,
-          residuals: bool = True) -> Traced:
-  """mesh: a jax.sharding.AbstractMesh with Explicit X/Y axes.
-
-  residuals=False skips the second (VJP) trace when only the program is read.
-  """
+def trace(cfg: ModelConfig, settings: TrainSettings, mesh) -> Traced:
+  """mesh: a jax.sharding.AbstractMesh with Explicit X/Y axes. One trace:
+  the residuals are read off the step's own program (saved_residuals)."""
   step = build_step(cfg, settings, mesh)
   with jax.sharding.use_abstract_mesh(mesh):
     jaxpr = jax.make_jaxpr(step.fn)(*step.args)
-    residuals = fused_residuals(step.loss_fn, step.params,
-                                step.micro_batch) if residuals else ()
-  return Traced(step, jaxpr, residuals)
+  return Traced(step, jaxpr, saved_residuals(jaxpr, arg_names(step.args)))
 
 
-def trace_probe(cfg: ModelConfig, settings: TrainSettings, mesh,
-                residuals: bool = True) -> Traced:
+def trace_probe(cfg: ModelConfig, settings: TrainSettings, mesh) -> Traced:
   """The step traced at the probe batch (simulator.tracing.batch_probe): what the
   memory and timing estimates read, once, for every batch size."""
   devices = mesh.shape["X"] * mesh.shape["Y"]  # P (stages) holds no batch
-  return trace(cfg, probe_settings(cfg, settings, devices), mesh, residuals)
+  return trace(cfg, probe_settings(cfg, settings, devices), mesh)

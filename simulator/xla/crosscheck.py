@@ -24,8 +24,7 @@ def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
               y: int):
   plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp)
   estimate = memory.memory_report(cfg, settings, plan)
-  collectives = comms.collectives(trace(cfg, settings, abstract_mesh(plan),
-                                        residuals=False))
+  collectives = comms.collectives(trace(cfg, settings, abstract_mesh(plan)))
   return estimate, collectives
 
 
