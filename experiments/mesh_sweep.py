@@ -306,6 +306,7 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   for record in tqdm(sweep.evaluate(todo), total=len(todo), desc="sweep",
                      disable=not progress, file=sys.stderr):
     results.append(record)
+  results.sync()
 
   wanted = {c.key for c in spec.configs(topo)}
   records = [r for r in results.load() if search.record_key(r) in wanted]

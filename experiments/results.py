@@ -1,7 +1,10 @@
-"""results.jsonl: one JSON line per config, appended (and fsynced) as each finishes.
+"""results.jsonl: one JSON line per config, appended as each finishes.
 
-An interrupted sweep loses at most the line being written; `load` skips a torn
-last line, and `--resume` evaluates only the keys not yet present. Compile
+Each line is flushed to the operating system as it is written, so a sweep
+whose process is interrupted or killed loses at most the line being written;
+`sync` (after the sweep's loop) puts them on disk, one fsync for the sweep
+rather than one per line (320 fsyncs took 1.2 s of a 7 s sweep). `load` skips
+a torn last line, and `--resume` evaluates only the keys not yet present. Compile
 confirmation adds fields to lines already written: `update` rewrites the file
 atomically (temp file + os.replace), so it stays one line per config.
 """
@@ -41,8 +44,12 @@ class ResultsFile:
     self._repair_tail()
     with open(self.path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
+
+  def sync(self) -> None:
+    """Puts the appended lines on disk (they survive a machine crash too)."""
+    if os.path.exists(self.path):
+      with open(self.path, "a") as f:
+        os.fsync(f.fileno())
 
   def update(self, updates: Iterable[dict[str, Any]]) -> None:
     """Merges each update's fields into the line with the same key."""
