@@ -413,17 +413,24 @@ class Points:
   _live: dict = dataclasses.field(repr=False, compare=False,
                                   default_factory=dict)
 
+  def at(self, num: int, den: int) -> np.ndarray:
+    """Every point's bytes at batch scale num/den: fixed + floor(linear *
+    num / den), exact in int64 (linear at the probe batch times a large
+    batch overflows it: llama2_70b b1024, 9.05e15 * 1024)."""
+    return (self.fixed + self.linear // den * num
+            + self.linear % den * num // den)
+
   def peak_at(self, num: int, den: int) -> tuple[int, int]:
     """(bytes, point index) of the largest point at batch scale num/den."""
     if not len(self.where):
       return 0, -1
-    values = self.fixed + (self.linear * num) // den
+    values = self.at(num, den)
     i = int(np.argmax(values))
     return int(values[i]), i
 
   def part_peaks(self, num: int, den: int) -> dict[str, int]:
     """The largest transient live bytes of each part of the step."""
-    values = self.fixed + (self.linear * num) // den
+    values = self.at(num, den)
     out = np.full(len(self.parts), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(out, self.part, values)
     return {name: int(v) for name, v in zip(self.parts, out)}
