@@ -91,6 +91,35 @@ def test_an_elementwise_producer_fuses_into_its_matmuls_unless_it_narrows():
   assert sizes[cast] == PROBE * 32 * 2
 
 
+def test_a_norm_fuses_into_its_matmuls_through_views_a_wide_division_not():
+  """An RMS norm of a bf16 input, cast back to bf16 and read by matmuls (one
+  through a view) is no buffer: its chain reads nothing wider as large as
+  it, only x and the per-row statistics. The flash forward's f32 acc / l
+  cast to bf16 and read by a matmul through a view is a buffer (the f32
+  acc would be read at twice its bytes)."""
+  def norm(x, w):
+    xf = x.astype(jnp.float32)
+    h = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True)))
+    h = h.astype(jnp.bfloat16)
+    return h @ w, h.reshape(PROBE, 1, 32) @ w
+
+  def flash_out(acc, l, w):
+    return (acc / l).astype(jnp.bfloat16).reshape(PROBE, 1, 32) @ w
+
+  w = jnp.ones((32, 8), jnp.bfloat16)
+  for fn, args, made in [
+      (norm, (jax.ShapeDtypeStruct((PROBE, 32), jnp.bfloat16), w), 0),
+      (flash_out, (jax.ShapeDtypeStruct((PROBE, 32), jnp.float32),
+                   jax.ShapeDtypeStruct((PROBE, 1), jnp.float32), w),
+       PROBE * 32 * 2)]:
+    j = jax.make_jaxpr(fn)(*args).jaxpr
+    sizes = _buffers(fn, *args)
+    cast = next(f"{i}:{e.primitive.name}" for i, e in enumerate(j.eqns)
+                if e.primitive.name == "convert_element_type"
+                and e.outvars[0].aval.dtype == jnp.bfloat16)
+    assert sizes[cast] == made
+
+
 def test_weight_gradients_are_made_last_in_a_body():
   """Inside a body, a weight-gradient matmul moves after the work that
   does not need it (here a second matmul chain), with its chain."""

@@ -21,10 +21,22 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   their f32 casts fuse into the rope); a weight gradient,
                   summed over the batch, is a buffer of its own (f32[12565,768]
                   at the peak of gpt2 v5p-8 4x4);
-  into matmuls    an elementwise value read by matmuls whose operands are no
-                  wider than it is computed inside each matmul's fusion (the
-                  SwiGLU gradients d(gate) = dh * silu(wi) are not buffers at
-                  that llama2_13b peak: dh, wi and gate are);
+  into matmuls    an elementwise value read by matmuls (directly or through
+                  views) is computed inside each matmul's fusion when the
+                  chain of elementwise ops that makes it reads nothing as
+                  large as it and wider: the SwiGLU gradients d(gate) = dh *
+                  silu(wi) are not buffers at that llama2_13b peak (dh, wi
+                  and gate are); nor are the RMS norms' bf16 outputs, made
+                  from the bf16 layer input and per-row f32 statistics: the
+                  q/k/v and MLP matmuls of the recomputed layer, and their
+                  weight gradients, read the saved stack's slice, the
+                  statistics and the scale themselves (fusion.433/431/434,
+                  fusion.437 with rsqrt_bitcast_fusion.5/.6, fusion.451 at
+                  the peak of llama3_8b v5p-32 16x1 b256 s4096, #56); the
+                  flash forward's output, f32 acc / l cast to bf16 and read
+                  by the output projection through a reshape, is a bf16
+                  buffer (broadcast_divide_fusion.2) and the f32 acc dies
+                  there (while.330{3});
   views           reshapes, transposes, casts to the same dtype alias their
                   operand;
   in place        a fusion's output takes the buffer of an operand of its size
@@ -187,11 +199,14 @@ def activation_matmul(eqn) -> bool:
 
 
 def fused_away(eqn, v, readers: list, through_views: list, local: bool,
-               in_matmul_fusion: bool = False) -> bool:
+               in_matmul_fusion: bool = False, producer: dict | None = None
+               ) -> bool:
   """Whether `v`, made by `eqn`, has no buffer of its own: `readers` are the
   equations that read it, `through_views` the same seen through views;
   `in_matmul_fusion`: `v` is an activation matmul's result or made from one
-  by the elementwise chain its output fusion takes in."""
+  by the elementwise chain its output fusion takes in; `producer`: the
+  equation that makes each value of the jaxpr (the into-matmuls rule reads
+  the chain that makes `v` through it)."""
   if is_view(eqn):
     return True
   if eqn.primitive.name == "dot_general" and not in_matmul_fusion:
@@ -202,21 +217,40 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
             and not widening(through_views[0]))
   if any(c.primitive.name == "device_put" for c in through_views):
     return False  # a copy to another memory (a DMA) reads a whole buffer
+  into_matmuls = lambda: _chain_no_wider(eqn, producer or {})
   return loop_fusible(eqn) and all(
-      absorbs(c) or (c.primitive.name == "dot_general" and _no_wider(eqn))
-      for c in readers)
+      absorbs(c) or c.primitive.name == "dot_general" for c in readers) and (
+          all(c.primitive.name != "dot_general" for c in through_views)
+          or into_matmuls())
 
 
 def _itemsize(v) -> int:
   return np.dtype(v.aval.dtype).itemsize
 
 
-def _no_wider(eqn) -> bool:
-  """An elementwise op whose operands are no wider than its result (a
-  matmul takes it into its fusion: no more bytes read than the result's)."""
-  return elementwise(eqn) and all(
-      _itemsize(u) <= _itemsize(eqn.outvars[0]) for u in eqn.invars
-      if isinstance(u, jcore.Var))
+def _chain_no_wider(eqn, producer: dict) -> bool:
+  """The into-matmuls rule: an elementwise op whose chain of elementwise
+  producers (through views, by `producer`) reads, from outside the chain,
+  nothing as large as its result and wider (a matmul takes the chain into
+  its fusion: no more bytes read than the result's; smaller operands, a
+  norm's per-row statistics and scale, are broadcast inside it)."""
+  if not elementwise(eqn):
+    return False
+  out = eqn.outvars[0]
+  size, width = math.prod(out.aval.shape), _itemsize(out)
+  seen: set = set()
+  chain = [eqn]
+  while chain:
+    for u in chain.pop().invars:
+      if not isinstance(u, jcore.Var) or u in seen:
+        continue
+      seen.add(u)
+      made_by = producer.get(u)
+      if made_by is not None and (loop_fusible(made_by) or is_view(made_by)):
+        chain.append(made_by)
+      elif math.prod(u.aval.shape) >= size and _itemsize(u) > width:
+        return False
+  return True
 
 
 def widening(eqn) -> bool:
