@@ -50,12 +50,19 @@ off (buffers live at the peak: `python -m experiments.validate ...
   transposed      a backward loop whose matmuls read slices of a stacked
   weights         weight argument directly (no gather, no cast: parameters
                   not sharded over X, stored in the compute dtype) is given a
-                  copy of the whole stack in the transposed layout (the
-                  argument's layout is fixed), made before the loop
-                  (bf16 [32,4096,5504] stacks in both layouts at the peak of
+                  copy of the whole stack in the transposed layout, made
+                  before the loop, where the step fixes the argument's
+                  layout by laying it out anew (ZeRO-1/2's update of its
+                  X-slice, all-gathered back into the donated argument:
+                  bf16 [32,4096,5504] stacks in both layouts at the peak of
                   llama2_7b v5p-32 8x2 zero1 bf16), unless the argument is
                   stored transposed already (its last dim not a multiple of
-                  128: no [32,4096,2752] copy in llama2_7b v5p-16 2x4 dp);
+                  128); with the update not sliced (dp) XLA lays the
+                  argument out as the loop reads it and copies nothing (the
+                  backward loop of llama2_7b v5p-16 2x4 dp bf16 takes
+                  param.16, .21-.27 as they are, tuple.279: no copy of the
+                  [32,2752,4096] or [32,4096,8,128] stacks, #26 +13.74% ->
+                  +0.98%);
   copied cast     a backward loop whose matmuls read casts of slices of a
   weights         stacked weight argument (parameters not sharded over X,
                   stored f32: mixed precision) is given a copy of the whole
@@ -64,7 +71,12 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   f32[32,4096,2752]/[32,2752,4096] and copy.479-481
                   f32[32,4096,8,128] with convert.144-146 at the peak of
                   llama2_7b v5p-32 4x4 zero2 mixed, dots; the stacks stored
-                  transposed are copied too, in the layout they have);
+                  transposed are copied too, in the layout they have), where
+                  the step fixes the argument's layout as above (none in
+                  gpt2 v5p-8 4x1 dp mixed, #25: its backward loop reads the
+                  f32 parameter stacks as they are; its dump's f32
+                  [12,768,3072] copies, copy.122-125, are of the loop's
+                  gradient outputs and the update's, after the loop);
   accumulated     a loop's stacked output read only by an add into a caller's
   loop outputs    buffer of its shape, the sum written back in place (the
                   gradient accumulation g_acc + g), is added into that buffer
@@ -389,7 +401,11 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   the loops that the hoisted casts replace."""
   stacks: dict = {}
   hoisted: set = set()
-  arguments = set(jaxpr.invars)
+  # The arguments whose layout the step fixes: laid out anew by a reshard
+  # (ZeRO-1/2's update of its X-slice, all-gathered back into the donated
+  # argument); XLA lays out any other as its loops read it.
+  arguments = {v for e in jaxpr.eqns if e.primitive.name == "reshard"
+               and not is_view(e) for v in e.invars} & set(jaxpr.invars)
   for i, eqn in enumerate(jaxpr.eqns):
     if eqn.primitive.name != "scan":
       continue
