@@ -229,11 +229,10 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
             and not widening(through_views[0]))
   if any(c.primitive.name == "device_put" for c in through_views):
     return False  # a copy to another memory (a DMA) reads a whole buffer
-  into_matmuls = lambda: _chain_no_wider(eqn, producer or {})
-  return loop_fusible(eqn) and all(
-      absorbs(c) or c.primitive.name == "dot_general" for c in readers) and (
-          all(c.primitive.name != "dot_general" for c in through_views)
-          or into_matmuls())
+  matmul = lambda c: c.primitive.name == "dot_general"
+  return (loop_fusible(eqn) and all(absorbs(c) or matmul(c) for c in readers)
+          and (not any(map(matmul, through_views))
+               or _chain_no_wider(eqn, producer or {})))
 
 
 def _itemsize(v) -> int:
