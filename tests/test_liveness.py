@@ -73,6 +73,20 @@ def test_the_kept_points_hold_every_batch_maximum():
     assert best(kept) == best(points)
 
 
+def test_points_at_a_large_batch_do_not_overflow():
+  """linear bytes at the probe batch times a large batch pass 2**63
+  (llama2_70b v5p-256 32x4 b1024: 9.05e15 * 1024): the scaled figures are
+  still exact."""
+  x = jax.ShapeDtypeStruct((PROBE, 2**31), jnp.bfloat16)  # 4.3e15 B
+  points = liveness.simulate(jax.make_jaxpr(jnp.tanh)(x), 0)
+  num, den = 4096, PROBE
+  exact = [int(a) + int(b) * num // den
+           for a, b in zip(points.fixed, points.linear)]
+  assert max(int(b) for b in points.linear) * num > 2**63
+  assert list(map(int, points.at(num, den))) == exact
+  assert points.peak_at(num, den)[0] == max(exact)
+
+
 def test_the_live_set_at_a_point_sums_to_it():
   def f(xs, w):
     h = jnp.tanh(xs @ w)

@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
@@ -91,6 +92,35 @@ def test_an_elementwise_producer_fuses_into_its_matmuls_unless_it_narrows():
   assert sizes[cast] == PROBE * 32 * 2
 
 
+def test_a_norm_fuses_into_its_matmuls_through_views_a_wide_division_not():
+  """An RMS norm of a bf16 input, cast back to bf16 and read by matmuls (one
+  through a view) is no buffer: its chain reads nothing wider as large as
+  it, only x and the per-row statistics. The flash forward's f32 acc / l
+  cast to bf16 and read by a matmul through a view is a buffer (the f32
+  acc would be read at twice its bytes)."""
+  def norm(x, w):
+    xf = x.astype(jnp.float32)
+    h = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True)))
+    h = h.astype(jnp.bfloat16)
+    return h @ w, h.reshape(PROBE, 1, 32) @ w
+
+  def flash_out(acc, l, w):
+    return (acc / l).astype(jnp.bfloat16).reshape(PROBE, 1, 32) @ w
+
+  w = jnp.ones((32, 8), jnp.bfloat16)
+  for fn, args, made in [
+      (norm, (jax.ShapeDtypeStruct((PROBE, 32), jnp.bfloat16), w), 0),
+      (flash_out, (jax.ShapeDtypeStruct((PROBE, 32), jnp.float32),
+                   jax.ShapeDtypeStruct((PROBE, 1), jnp.float32), w),
+       PROBE * 32 * 2)]:
+    j = jax.make_jaxpr(fn)(*args).jaxpr
+    sizes = _buffers(fn, *args)
+    cast = next(f"{i}:{e.primitive.name}" for i, e in enumerate(j.eqns)
+                if e.primitive.name == "convert_element_type"
+                and e.outvars[0].aval.dtype == jnp.bfloat16)
+    assert sizes[cast] == made
+
+
 def test_weight_gradients_are_made_last_in_a_body():
   """Inside a body, a weight-gradient matmul moves after the work that
   does not need it (here a second matmul chain), with its chain."""
@@ -122,10 +152,11 @@ def test_views_alias_their_operand():
                    "convert_element_typebfloat16": False}
 
 
-def _two_loops(w_stack, cast):
+def _two_loops(w_stack, cast, sliced=True):
   """A forward and a backward loop over a stacked weight, as jax.grad of a
   rematerialized scan makes them (the model's layer stack); each slice cast
-  to bf16 in the body when `cast`."""
+  to bf16 in the body when `cast`; `sliced`: the step also lays the stack
+  out over X (ZeRO-1/2's update of its X-slice), on a mesh X = 2."""
   @jax.checkpoint
   def body(h, w):
     w = w.astype(jnp.bfloat16) if cast else w
@@ -134,8 +165,16 @@ def _two_loops(w_stack, cast):
   def loss(ws, x):
     return jnp.sum(jax.lax.scan(body, x, ws)[0].astype(jnp.float32))
 
+  def step(ws, x):
+    grads = jax.grad(loss)(ws, x)
+    if not sliced:
+      return grads
+    return grads, jax.sharding.reshard(ws, P(None, "X"))
+
   x = jax.ShapeDtypeStruct((PROBE, w_stack.shape[1]), jnp.bfloat16)
-  return jax.make_jaxpr(jax.grad(loss))(w_stack, x)
+  mesh = AbstractMesh((2,), ("X",), axis_types=(AxisType.Explicit,))
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.make_jaxpr(step)(w_stack, x)
 
 
 def test_a_weight_stack_cast_in_both_loops_is_cast_once_outside():
@@ -150,14 +189,16 @@ def test_a_weight_stack_cast_in_both_loops_is_cast_once_outside():
   assert size == (6 * 128 * 128 * 2, 0)  # the whole stack in bf16
 
 
-@pytest.mark.parametrize("shape,copied", [((6, 128, 256), True),
-                                          ((6, 128, 200), False)])
+@pytest.mark.parametrize("shape,sliced,copied", [
+    ((6, 128, 256), True, True), ((6, 128, 200), True, False),
+    ((6, 128, 256), False, False)])
 def test_a_backward_loop_copies_a_weight_argument_to_the_transposed_layout(
-    shape, copied):
-  """Only in the backward loop, only for an argument read directly, and not
-  when the argument is stored transposed already (last dim padded)."""
+    shape, sliced, copied):
+  """Only in the backward loop, only for an argument read directly whose
+  layout the step fixes (laid out anew over X for its update), and not when
+  the argument is stored transposed already (last dim padded)."""
   ws = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-  j = _two_loops(ws, cast=False).jaxpr
+  j = _two_loops(ws, cast=False, sliced=sliced).jaxpr
   stacks, _ = xla_rules.hoisted_stacks(j, False)
   matmul = [v for k, v in stacks.items() if k[2] == "matmul"]
   assert bool(matmul) == copied
@@ -182,6 +223,15 @@ def test_a_backward_loop_copies_a_cast_weight_argument_in_its_own_layout(
   assert [(f, l, b) for f, l, b in copies] == [
       (backward[0], backward[0], (math.prod(shape) * 4, 0))]
   assert not [k for k in stacks if k[2] == "matmul"]
+
+
+def test_no_weight_copies_where_the_update_does_not_lay_the_stack_out():
+  """dp: the update is not sliced over X, XLA lays the argument out as the
+  backward loop reads it; only the bf16 cast is hoisted."""
+  ws = jax.ShapeDtypeStruct((6, 128, 256), jnp.float32)
+  stacks, _ = xla_rules.hoisted_stacks(
+      _two_loops(ws, cast=True, sliced=False).jaxpr, False)
+  assert {k[2] for k in stacks} == {"cast"}
 
 
 @pytest.mark.parametrize("x,y", [(4, 1), (2, 2)])

@@ -47,7 +47,7 @@ def one_f_one_b(points: liveness.Points, num: int, den: int, stages: int,
   largest first; once a point's GPipe bytes are no more than the best
   reduced figure so far, no later point can beat it (the rule only takes
   bytes off), so few points are walked."""
-  values = points.fixed + (points.linear * num) // den
+  values = points.at(num, den)
   cut = 1.0 - in_flight_share(stages, microbatches)
   best = (0, -1, 0)
   for i in sorted(range(len(values)), key=lambda i: -values[i]):

@@ -21,10 +21,22 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   their f32 casts fuse into the rope); a weight gradient,
                   summed over the batch, is a buffer of its own (f32[12565,768]
                   at the peak of gpt2 v5p-8 4x4);
-  into matmuls    an elementwise value read by matmuls whose operands are no
-                  wider than it is computed inside each matmul's fusion (the
-                  SwiGLU gradients d(gate) = dh * silu(wi) are not buffers at
-                  that llama2_13b peak: dh, wi and gate are);
+  into matmuls    an elementwise value read by matmuls (directly or through
+                  views) is computed inside each matmul's fusion when the
+                  chain of elementwise ops that makes it reads nothing as
+                  large as it and wider: the SwiGLU gradients d(gate) = dh *
+                  silu(wi) are not buffers at that llama2_13b peak (dh, wi
+                  and gate are); nor are the RMS norms' bf16 outputs, made
+                  from the bf16 layer input and per-row f32 statistics: the
+                  q/k/v and MLP matmuls of the recomputed layer, and their
+                  weight gradients, read the saved stack's slice, the
+                  statistics and the scale themselves (fusion.433/431/434,
+                  fusion.437 with rsqrt_bitcast_fusion.5/.6, fusion.451 at
+                  the peak of llama3_8b v5p-32 16x1 b256 s4096, #56); the
+                  flash forward's output, f32 acc / l cast to bf16 and read
+                  by the output projection through a reshape, is a bf16
+                  buffer (broadcast_divide_fusion.2) and the f32 acc dies
+                  there (while.330{3});
   views           reshapes, transposes, casts to the same dtype alias their
                   operand;
   in place        a fusion's output takes the buffer of an operand of its size
@@ -38,12 +50,19 @@ off (buffers live at the peak: `python -m experiments.validate ...
   transposed      a backward loop whose matmuls read slices of a stacked
   weights         weight argument directly (no gather, no cast: parameters
                   not sharded over X, stored in the compute dtype) is given a
-                  copy of the whole stack in the transposed layout (the
-                  argument's layout is fixed), made before the loop
-                  (bf16 [32,4096,5504] stacks in both layouts at the peak of
+                  copy of the whole stack in the transposed layout, made
+                  before the loop, where the step fixes the argument's
+                  layout by laying it out anew (ZeRO-1/2's update of its
+                  X-slice, all-gathered back into the donated argument:
+                  bf16 [32,4096,5504] stacks in both layouts at the peak of
                   llama2_7b v5p-32 8x2 zero1 bf16), unless the argument is
                   stored transposed already (its last dim not a multiple of
-                  128: no [32,4096,2752] copy in llama2_7b v5p-16 2x4 dp);
+                  128); with the update not sliced (dp) XLA lays the
+                  argument out as the loop reads it and copies nothing (the
+                  backward loop of llama2_7b v5p-16 2x4 dp bf16 takes
+                  param.16, .21-.27 as they are, tuple.279: no copy of the
+                  [32,2752,4096] or [32,4096,8,128] stacks, #26 +13.74% ->
+                  +0.98%);
   copied cast     a backward loop whose matmuls read casts of slices of a
   weights         stacked weight argument (parameters not sharded over X,
                   stored f32: mixed precision) is given a copy of the whole
@@ -52,7 +71,12 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   f32[32,4096,2752]/[32,2752,4096] and copy.479-481
                   f32[32,4096,8,128] with convert.144-146 at the peak of
                   llama2_7b v5p-32 4x4 zero2 mixed, dots; the stacks stored
-                  transposed are copied too, in the layout they have);
+                  transposed are copied too, in the layout they have), where
+                  the step fixes the argument's layout as above (none in
+                  gpt2 v5p-8 4x1 dp mixed, #25: its backward loop reads the
+                  f32 parameter stacks as they are; its dump's f32
+                  [12,768,3072] copies, copy.122-125, are of the loop's
+                  gradient outputs and the update's, after the loop);
   accumulated     a loop's stacked output read only by an add into a caller's
   loop outputs    buffer of its shape, the sum written back in place (the
                   gradient accumulation g_acc + g), is added into that buffer
@@ -187,11 +211,14 @@ def activation_matmul(eqn) -> bool:
 
 
 def fused_away(eqn, v, readers: list, through_views: list, local: bool,
-               in_matmul_fusion: bool = False) -> bool:
+               in_matmul_fusion: bool = False, producer: dict | None = None
+               ) -> bool:
   """Whether `v`, made by `eqn`, has no buffer of its own: `readers` are the
   equations that read it, `through_views` the same seen through views;
   `in_matmul_fusion`: `v` is an activation matmul's result or made from one
-  by the elementwise chain its output fusion takes in."""
+  by the elementwise chain its output fusion takes in; `producer`: the
+  equation that makes each value of the jaxpr (the into-matmuls rule reads
+  the chain that makes `v` through it)."""
   if is_view(eqn):
     return True
   if eqn.primitive.name == "dot_general" and not in_matmul_fusion:
@@ -202,21 +229,39 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
             and not widening(through_views[0]))
   if any(c.primitive.name == "device_put" for c in through_views):
     return False  # a copy to another memory (a DMA) reads a whole buffer
-  return loop_fusible(eqn) and all(
-      absorbs(c) or (c.primitive.name == "dot_general" and _no_wider(eqn))
-      for c in readers)
+  matmul = lambda c: c.primitive.name == "dot_general"
+  return (loop_fusible(eqn) and all(absorbs(c) or matmul(c) for c in readers)
+          and (not any(map(matmul, through_views))
+               or _chain_no_wider(eqn, producer or {})))
 
 
 def _itemsize(v) -> int:
   return np.dtype(v.aval.dtype).itemsize
 
 
-def _no_wider(eqn) -> bool:
-  """An elementwise op whose operands are no wider than its result (a
-  matmul takes it into its fusion: no more bytes read than the result's)."""
-  return elementwise(eqn) and all(
-      _itemsize(u) <= _itemsize(eqn.outvars[0]) for u in eqn.invars
-      if isinstance(u, jcore.Var))
+def _chain_no_wider(eqn, producer: dict) -> bool:
+  """The into-matmuls rule: an elementwise op whose chain of elementwise
+  producers (through views, by `producer`) reads, from outside the chain,
+  nothing as large as its result and wider (a matmul takes the chain into
+  its fusion: no more bytes read than the result's; smaller operands, a
+  norm's per-row statistics and scale, are broadcast inside it)."""
+  if not elementwise(eqn):
+    return False
+  out = eqn.outvars[0]
+  size, width = math.prod(out.aval.shape), _itemsize(out)
+  seen: set = set()
+  chain = [eqn]
+  while chain:
+    for u in chain.pop().invars:
+      if not isinstance(u, jcore.Var) or u in seen:
+        continue
+      seen.add(u)
+      made_by = producer.get(u)
+      if made_by is not None and (loop_fusible(made_by) or is_view(made_by)):
+        chain.append(made_by)
+      elif math.prod(u.aval.shape) >= size and _itemsize(u) > width:
+        return False
+  return True
 
 
 def widening(eqn) -> bool:
@@ -355,7 +400,11 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   the loops that the hoisted casts replace."""
   stacks: dict = {}
   hoisted: set = set()
-  arguments = set(jaxpr.invars)
+  # The arguments whose layout the step fixes: laid out anew by a reshard
+  # (ZeRO-1/2's update of its X-slice, all-gathered back into the donated
+  # argument); XLA lays out any other as its loops read it.
+  arguments = {v for e in jaxpr.eqns if e.primitive.name == "reshard"
+               and not is_view(e) for v in e.invars} & set(jaxpr.invars)
   for i, eqn in enumerate(jaxpr.eqns):
     if eqn.primitive.name != "scan":
       continue
