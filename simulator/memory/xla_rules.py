@@ -105,13 +105,23 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   llama2_13b 16x1 b512) and makes that gradient first in
                   eight (gpt2 4x1 dp, llama2_7b 2x4 dp, 4x4 zero2, 32x1 at
                   seq 2048 and 4096 with either attention, llama3_8b 16x1
-                  b256 s4096, mistral 16x1 s4096); which one
-                  its scheduler picks is not derived here, so the simulation
-                  runs the step both ways (liveness.simulate: deferred, and
-                  in the traced order) and keeps the larger peak (the T5
-                  step t5-v1_1-small v5p-16 8x1, whose traced order holds
-                  more: -6.6% with the deferred order alone, -1.5% with
-                  both);
+                  b256 s4096, mistral 16x1 s4096). Seventeen gpt2 v5p-8
+                  schedules (mixed, flash) show the choice turns on the
+                  plan as a whole, not on one setting: with no batch split
+                  (1x4, dp or zero3) it is deferred; on 4x1 it comes first
+                  under dp (b8 s512, b16 s512, b16 s1024, full remat, adamw)
+                  and under zero3 from 4096 tokens a device (b16 s1024 full
+                  or dots, b32 s512 full), and is deferred under zero3 up to
+                  2048 tokens whatever the remat (full, dots) and optimizer
+                  (adamw, adafactor); the llama rows follow no token count
+                  (16x1 zero3 full at 65536 tokens a device: deferred in
+                  llama2_13b b512 s2048, first in llama3_8b b256 s4096).
+                  Which one its scheduler picks is not derived here, so the
+                  simulation runs the step
+                  both ways (liveness.simulate: deferred, and in the traced
+                  order) and keeps the larger peak (the T5 step
+                  t5-v1_1-small v5p-16 8x1, whose traced order holds more:
+                  -6.6% with the deferred order alone, -1.5% with both);
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
