@@ -45,14 +45,24 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   stored transposed already (its last dim not a multiple of
                   128: no [32,4096,2752] copy in llama2_7b v5p-16 2x4 dp);
   copied cast     a backward loop whose matmuls read casts of slices of a
-  weights         stacked weight argument (parameters not sharded over X,
-                  stored f32: mixed precision) is given a copy of the whole
-                  stack in its own dtype and layout, made before the loop,
-                  beside the hoisted bf16 cast (copy.484-486
+  weights         stacked weight argument (stored f32: mixed precision)
+                  that the update reads resharded to this device's slice
+                  (ZeRO-1/2: replicated over X, updated on a slice and
+                  gathered back into its donated buffer) is given a copy of
+                  the whole stack in its own dtype and layout, made before
+                  the loop, beside the hoisted bf16 cast (copy.484-486
                   f32[32,4096,2752]/[32,2752,4096] and copy.479-481
                   f32[32,4096,8,128] with convert.144-146 at the peak of
-                  llama2_7b v5p-32 4x4 zero2 mixed, dots; the stacks stored
-                  transposed are copied too, in the layout they have);
+                  llama2_7b v5p-32 4x4 zero2 mixed, dots, the update
+                  fusion.246 reading copy.484; the stacks stored transposed
+                  are copied too, in the layout they have). A stack the
+                  update writes in place is not copied: gpt2 v5p-8 4x1 dp
+                  (no copy of any parameter in its optimized HLO) and
+                  mixtral_mini v5p-8 4x1 expert_axis=x, whose expert stacks
+                  are split over X and read without a gather (param.26-28
+                  read only by their hoisted converts and the update
+                  fusion.379; the stacks at its backward peak are the
+                  loop's f32 gradient accumulators wide.param.0{8-10});
   accumulated     a loop's stacked output read only by an add into a caller's
   loop outputs    buffer of its shape, the sum written back in place (the
                   gradient accumulation g_acc + g), is added into that buffer
@@ -74,15 +84,28 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   v5p-32 16x1 b512, positions 654-662 after while.331 at 580),
                   and in the step itself the output projection's after the
                   layers' and the embedding's backward, with the f32 logits
-                  gradient live until then. For the output projection this is
-                  the upper bound: of twelve dumped schedules XLA holds the
-                  logits gradient through the layers' backward in four
-                  (llama3_8b 32x2, llama2_7b v5e 16x2, mistral 16x2,
+                  gradient live until then. Both are upper bounds. Inside a
+                  layer XLA defers some weight gradients and not others
+                  (llama3_8b v5p-32 16x1 b256 s4096: wo's and attention o's
+                  after the flash backward loop, wi's and wi_gate's before
+                  it), and in the mixtral_mini schedules none (v5p-8 4x1 b32
+                  loss_chunks=4 and 2x2 dots: the experts' weight-gradient
+                  fusions, fusion.730-733 and 679-684, right after their
+                  backward, before the flash backward loop; that 4x1 row is
+                  +7.1% over XLA's peak with the deferral, +0.6% without).
+                  For the output projection: of fifteen dumped schedules XLA
+                  holds the logits gradient through the layers' backward in
+                  four (llama3_8b 32x2, llama2_7b v5e 16x2, mistral 16x2,
                   llama2_13b 16x1 b512) and makes that gradient first in
-                  eight (gpt2 4x1 dp, llama2_7b 2x4 dp, 4x4 zero2, 32x1 at
+                  eleven (gpt2 4x1 dp, llama2_7b 2x4 dp, 4x4 zero2, 32x1 at
                   seq 2048 and 4096 with either attention, llama3_8b 16x1
-                  b256 s4096, mistral 16x1 s4096); which one
-                  its scheduler picks is not derived here, so the simulation
+                  b256 s4096, mistral 16x1 s4096, mixtral_mini v5p-8 4x1,
+                  4x1 expert_axis=x and 2x2: fusion.366, 373, 383 before the
+                  layers' backward). Below 95% of HBM
+                  (--xla_tpu_scheduler_percent_shared_memory_limit=95 in the
+                  dumped flagfile) the latency-hiding scheduler orders by its
+                  cost model, not by memory; which order
+                  it picks is not derived here, so the simulation
                   runs the step both ways (liveness.simulate: deferred, and
                   in the traced order) and keeps the larger peak (the T5
                   step t5-v1_1-small v5p-16 8x1, whose traced order holds
@@ -137,6 +160,26 @@ _REDUCE_OPS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
 def shape_of(aval, local: bool) -> tuple[int, ...]:
   """Per-device shape (inside a shard_map body, avals already are)."""
   return mesh_class.local_shape(aval.shape) if local else device_shape(aval)
+
+
+_NAME_COLUMNS = 18  # a rule's name in the docstring: its first columns
+
+
+def rules() -> list[tuple[str, str]]:
+  """(name, what XLA does and where it was seen) for each rule above, read
+  off this module's docstring (the one place they are written), for the
+  validation table's rule list."""
+  out: list[tuple[str, str]] = []
+  for line in __doc__.splitlines():
+    if not line.startswith("  ") or len(line) <= _NAME_COLUMNS:
+      continue
+    name, text = line[2:_NAME_COLUMNS].strip(), line[_NAME_COLUMNS:].strip()
+    if name and (not out or out[-1][1].endswith((";", "."))):
+      out.append((name, text))
+    elif out:
+      prev_name, prev_text = out[-1]
+      out[-1] = (f"{prev_name} {name}".strip(), f"{prev_text} {text}".strip())
+  return out
 
 
 def on_host(aval) -> bool:
@@ -348,6 +391,17 @@ def _minor_last(shape: tuple[int, ...]) -> bool:
               and not shape[-2] % TILE_MINOR)
 
 
+def sliced_for_update(jaxpr) -> set:
+  """The arguments of `jaxpr` it also reads resharded to another layout:
+  under ZeRO-1/2 the update runs on this device's slice of a parameter
+  replicated over X, and the new value is gathered back into its donated
+  buffer (simulator.step); the copied-cast-weights rule's stacks."""
+  arguments = set(jaxpr.invars)
+  return {u for e in jaxpr.eqns
+          if e.primitive.name == "reshard" and not is_view(e)
+          for u in e.invars if isinstance(u, jcore.Var) and u in arguments}
+
+
 def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   """The hoisted-casts and transposed-weights rules for the loops of
   `jaxpr`: {(stacked weight, dtype, rule): (first loop index, last loop
@@ -356,6 +410,7 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   stacks: dict = {}
   hoisted: set = set()
   arguments = set(jaxpr.invars)
+  sliced = sliced_for_update(jaxpr)
   for i, eqn in enumerate(jaxpr.eqns):
     if eqn.primitive.name != "scan":
       continue
@@ -371,9 +426,10 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
       shape = shape_of(stack.aval, local)
       if carries_batch(shape) or (rule == "matmul" and not (
           backward and stack in arguments and _minor_last(shape))) or (
-              rule == "copy" and not (backward and stack in arguments)):
+              rule == "copy" and not (backward and stack in sliced)):
         continue  # activations; a forward matmul, a stack the program makes
-        # (its layout is XLA's to choose), or one already stored transposed
+        # (its layout is XLA's to choose), one already stored transposed, or
+        # one the update writes in place
       if cast is not None:
         hoisted.add(id(cast))
       key = (stack, np.dtype(dtype), rule)
