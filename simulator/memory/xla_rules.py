@@ -36,14 +36,19 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   stacks at the peak of llama2_7b v5p-16 8x1, also 64x4 and
                   gpt2 1x4);
   transposed      a backward loop whose matmuls read slices of a stacked
-  weights         weight argument directly (no gather, no cast: parameters
-                  not sharded over X, stored in the compute dtype) is given a
-                  copy of the whole stack in the transposed layout (the
-                  argument's layout is fixed), made before the loop
-                  (bf16 [32,4096,5504] stacks in both layouts at the peak of
-                  llama2_7b v5p-32 8x2 zero1 bf16), unless the argument is
-                  stored transposed already (its last dim not a multiple of
-                  128: no [32,4096,2752] copy in llama2_7b v5p-16 2x4 dp);
+  weights         weight argument directly (no gather, no cast: stored in
+                  the compute dtype) that the update reads resharded to
+                  this device's slice (ZeRO-1/2, as for copied cast weights
+                  below) is given a copy of the whole stack, made before the
+                  loop (at the peak of llama2_7b v5p-32 8x2 zero1 bf16:
+                  copy.518-525 of every bf16 layer stack, in its own layout,
+                  in the backward loop's tuple and read by the update
+                  fusion.253, beside the gradient stacks in the transposed
+                  layout), unless the argument is stored transposed already
+                  (its last dim not a multiple of 128). A stack the update
+                  writes in place is not copied: in llama2_7b v5p-16 2x4 dp
+                  bf16 no parameter is copied (the [32,4096,8,128]{1,3,2,0}
+                  values there are the gradient accumulators);
   copied cast     a backward loop whose matmuls read casts of slices of a
   weights         stacked weight argument (stored f32: mixed precision)
                   that the update reads resharded to this device's slice
@@ -101,11 +106,12 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   seq 2048 and 4096 with either attention, llama3_8b 16x1
                   b256 s4096, mistral 16x1 s4096, mixtral_mini v5p-8 4x1,
                   4x1 expert_axis=x and 2x2: fusion.366, 373, 383 before the
-                  layers' backward). Below 95% of HBM
+                  layers' backward). XLA's latency-hiding scheduler weighs
+                  memory only against its limit (OpenXLA's
+                  kMemoryPeakOverLimit), 95% of HBM here
                   (--xla_tpu_scheduler_percent_shared_memory_limit=95 in the
-                  dumped flagfile) the latency-hiding scheduler orders by its
-                  cost model, not by memory; which order
-                  it picks is not derived here, so the simulation
+                  dumped flagfile), far above these steps; which order its
+                  cost model picks is not derived here, so the simulation
                   runs the step both ways (liveness.simulate: deferred, and
                   in the traced order) and keeps the larger peak (the T5
                   step t5-v1_1-small v5p-16 8x1, whose traced order holds
@@ -409,7 +415,6 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   the loops that the hoisted casts replace."""
   stacks: dict = {}
   hoisted: set = set()
-  arguments = set(jaxpr.invars)
   sliced = sliced_for_update(jaxpr)
   for i, eqn in enumerate(jaxpr.eqns):
     if eqn.primitive.name != "scan":
@@ -424,12 +429,12 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
     _slice_readers(body, outer, found)
     for rule, stack, dtype, cast in found:
       shape = shape_of(stack.aval, local)
-      if carries_batch(shape) or (rule == "matmul" and not (
-          backward and stack in arguments and _minor_last(shape))) or (
-              rule == "copy" and not (backward and stack in sliced)):
-        continue  # activations; a forward matmul, a stack the program makes
-        # (its layout is XLA's to choose), one already stored transposed, or
-        # one the update writes in place
+      if carries_batch(shape) or rule != "cast" and not (
+          backward and stack in sliced and (rule == "copy"
+                                            or _minor_last(shape))):
+        continue  # activations; for a copy: a forward loop, a stack the
+        # update writes in place (or the program makes), one already stored
+        # transposed
       if cast is not None:
         hoisted.add(id(cast))
       key = (stack, np.dtype(dtype), rule)
