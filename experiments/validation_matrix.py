@@ -33,6 +33,7 @@ from experiments.gpu_corpus import GPU_PARTS
 from experiments.validation_corpus import DEFAULT_SETTINGS, PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
+from simulator.memory import xla_rules
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("corpus", "tpu", ["tpu", "gpu"], "which corpus to compile: "
@@ -185,6 +186,11 @@ def write(rows: list[dict], path: str, started: float) -> None:
            "", "## Results", "", "| " + " | ".join(COLUMNS) + " |",
            "|" + "---|" * len(COLUMNS)]
   head += ["| " + " | ".join(_row(i, r)) + " |" for i, r in enumerate(rows)]
+  if not gpu:
+    head += ["", "## Rules", "", "What XLA holds differently from the traced "
+             "program, each with the dump it was read off "
+             "(simulator.memory.xla_rules):", ""]
+    head += [f"- **{name}**: {text}" for name, text in xla_rules.rules()]
   with open(path, "w") as f:
     f.write("\n".join(head) + "\n")
 

@@ -60,6 +60,7 @@ def test_the_gpu_corpus_parts_are_reported_apart(tmp_path):
   vm.write(rows, str(out), 0.0)
   head = out.read_text().splitlines()[0]
   assert "NVIDIA GPUs" in head and "`gpu-check`" in out.read_text()
+  assert "## Rules" not in out.read_text()  # the TPU rules are not its own
 
 
 def test_an_out_of_hbm_compile_is_a_data_point():
@@ -111,6 +112,7 @@ def test_from_jsonl_rechecks_and_rewrites_the_table(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "| 0 | tiny | toy | v5p-8 | 4x1 | 8 | 128 | full | adamw | - |" in (
       out.read_text())
+  assert "- **copied cast weights**: " in out.read_text()  # the rule list
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):

@@ -209,19 +209,25 @@ def test_a_backward_loop_copies_a_weight_argument_to_the_transposed_layout(
 
 
 @pytest.mark.parametrize("shape", [(6, 128, 256), (6, 128, 200)])
+@pytest.mark.parametrize("sliced", [True, False])
 def test_a_backward_loop_copies_a_cast_weight_argument_in_its_own_layout(
-    shape):
-  """A stored-f32 stack each slice of which is cast before its matmuls gets,
-  for the backward loop alone, a copy in its own dtype and layout (stored
-  transposed or not), beside the bf16 cast made once for both loops."""
+    shape, sliced, monkeypatch):
+  """A stored-f32 stack each slice of which is cast before its matmuls,
+  and which the update reads resharded to a slice (ZeRO-1/2), gets for the
+  backward loop alone a copy in its own dtype and layout (stored transposed
+  or not), beside the bf16 cast made once for both loops; a stack the
+  update writes in place (no slice read) gets none."""
   ws = jax.ShapeDtypeStruct(shape, jnp.float32)
   j = _two_loops(ws, cast=True).jaxpr
+  monkeypatch.setattr(xla_rules, "sliced_for_update",
+                      lambda jaxpr: set(jaxpr.invars[:1]) if sliced else set())
   stacks, _ = xla_rules.hoisted_stacks(j, False)
   copies = [v for k, v in stacks.items() if k[2] == "copy"]
   backward = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"
               and "transpose(" in str(e.source_info.name_stack)]
-  assert [(f, l, b) for f, l, b in copies] == [
-      (backward[0], backward[0], (math.prod(shape) * 4, 0))]
+  assert [(f, l, b) for f, l, b in copies] == ([
+      (backward[0], backward[0], (math.prod(shape) * 4, 0))] if sliced
+                                               else [])
   assert not [k for k in stacks if k[2] == "matmul"]
 
 
@@ -232,6 +238,30 @@ def test_no_weight_copies_where_the_update_does_not_lay_the_stack_out():
   stacks, _ = xla_rules.hoisted_stacks(
       _two_loops(ws, cast=True, sliced=False).jaxpr, False)
   assert {k[2] for k in stacks} == {"cast"}
+
+
+@pytest.mark.parametrize("model,settings,copied", [
+    ("tiny", dict(shard="zero2"), "copy"),
+    ("tiny", dict(shard="zero1"), "copy"),
+    ("tiny", dict(shard="dp"), None),
+    ("tiny_moe", dict(expert_axis="x"), None),
+    ("tiny", dict(shard="zero1", precision="bf16"), "matmul"),
+    ("tiny", dict(shard="dp", precision="bf16"), None)])
+def test_only_a_weight_stack_updated_on_a_slice_is_copied(model, settings,
+                                                          copied):
+  """The copied-cast-weights and transposed-weights rules on the traced
+  step (4x1): the ZeRO-1/2 update reads a slice of each stack (XLA copied
+  them: copy.479-486 of llama2_7b 4x4 zero2 mixed, copy.518-525 of 8x2
+  zero1 bf16); a dp update (gpt2 4x1 dp mixed, llama2_7b 2x4 dp bf16: no
+  copy) and an X-sharded stack the backward reads without a gather
+  (experts over X: none in mixtral_mini 4x1 expert_axis=x) are updated in
+  place."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  j = trace_probe(load_model(model),
+                  TrainSettings(batch=8, seq=128, **settings),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  stacks, _ = xla_rules.hoisted_stacks(j, False)
+  assert {k[2] for k in stacks} - {"cast"} == ({copied} if copied else set())
 
 
 @pytest.mark.parametrize("x,y", [(4, 1), (2, 2)])
@@ -352,3 +382,18 @@ def test_a_streamed_update_holds_four_leaves_of_state():
   update = est.phase_bytes["update"] - est.arguments_bytes
   assert 14 * leaf <= update < 14 * leaf * 1.01
   assert est.compiled_comparable_peak == est.phase_bytes["update"]
+
+
+def test_the_rule_list_is_the_docstring_s():
+  """Each rule of the module docstring once, named by its first columns
+  (names over two lines joined), its text ending its sentence; the
+  copied-cast-weights rule names both its evidence and its exceptions."""
+  found = dict(xla_rules.rules())
+  assert len(found) == len(xla_rules.rules())
+  for name in ("fusion", "hoisted casts", "copied cast weights",
+               "deferred weight gradients", "stacked outputs not donated"):
+    assert name in found
+  assert all(text.endswith((";", ".")) for text in found.values())
+  assert "copy.484-486" in found["copied cast weights"]
+  assert "expert_axis=x" in found["copied cast weights"]
+

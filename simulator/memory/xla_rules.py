@@ -48,35 +48,38 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   stacks at the peak of llama2_7b v5p-16 8x1, also 64x4 and
                   gpt2 1x4);
   transposed      a backward loop whose matmuls read slices of a stacked
-  weights         weight argument directly (no gather, no cast: parameters
-                  not sharded over X, stored in the compute dtype) is given a
-                  copy of the whole stack in the transposed layout, made
-                  before the loop, where the step fixes the argument's
-                  layout by laying it out anew (ZeRO-1/2's update of its
-                  X-slice, all-gathered back into the donated argument:
-                  bf16 [32,4096,5504] stacks in both layouts at the peak of
-                  llama2_7b v5p-32 8x2 zero1 bf16), unless the argument is
-                  stored transposed already (its last dim not a multiple of
-                  128); with the update not sliced (dp) XLA lays the
-                  argument out as the loop reads it and copies nothing (the
-                  backward loop of llama2_7b v5p-16 2x4 dp bf16 takes
-                  param.16, .21-.27 as they are, tuple.279: no copy of the
-                  [32,2752,4096] or [32,4096,8,128] stacks, #26 +13.74% ->
-                  +0.98%);
+  weights         weight argument directly (no gather, no cast: stored in
+                  the compute dtype) that the update reads resharded to
+                  this device's slice (ZeRO-1/2, as for copied cast weights
+                  below) is given a copy of the whole stack, made before the
+                  loop (at the peak of llama2_7b v5p-32 8x2 zero1 bf16:
+                  copy.518-525 of every bf16 layer stack, in its own layout,
+                  in the backward loop's tuple and read by the update
+                  fusion.253, beside the gradient stacks in the transposed
+                  layout), unless the argument is stored transposed already
+                  (its last dim not a multiple of 128). A stack the update
+                  writes in place is not copied: in llama2_7b v5p-16 2x4 dp
+                  bf16 no parameter is copied (the [32,4096,8,128]{1,3,2,0}
+                  values there are the gradient accumulators);
   copied cast     a backward loop whose matmuls read casts of slices of a
-  weights         stacked weight argument (parameters not sharded over X,
-                  stored f32: mixed precision) is given a copy of the whole
-                  stack in its own dtype and layout, made before the loop,
-                  beside the hoisted bf16 cast (copy.484-486
+  weights         stacked weight argument (stored f32: mixed precision)
+                  that the update reads resharded to this device's slice
+                  (ZeRO-1/2: replicated over X, updated on a slice and
+                  gathered back into its donated buffer) is given a copy of
+                  the whole stack in its own dtype and layout, made before
+                  the loop, beside the hoisted bf16 cast (copy.484-486
                   f32[32,4096,2752]/[32,2752,4096] and copy.479-481
                   f32[32,4096,8,128] with convert.144-146 at the peak of
-                  llama2_7b v5p-32 4x4 zero2 mixed, dots; the stacks stored
-                  transposed are copied too, in the layout they have), where
-                  the step fixes the argument's layout as above (none in
-                  gpt2 v5p-8 4x1 dp mixed, #25: its backward loop reads the
-                  f32 parameter stacks as they are; its dump's f32
-                  [12,768,3072] copies, copy.122-125, are of the loop's
-                  gradient outputs and the update's, after the loop);
+                  llama2_7b v5p-32 4x4 zero2 mixed, dots, the update
+                  fusion.246 reading copy.484; the stacks stored transposed
+                  are copied too, in the layout they have). A stack the
+                  update writes in place is not copied: gpt2 v5p-8 4x1 dp
+                  (no copy of any parameter in its optimized HLO) and
+                  mixtral_mini v5p-8 4x1 expert_axis=x, whose expert stacks
+                  are split over X and read without a gather (param.26-28
+                  read only by their hoisted converts and the update
+                  fusion.379; the stacks at its backward peak are the
+                  loop's f32 gradient accumulators wide.param.0{8-10});
   accumulated     a loop's stacked output read only by an add into a caller's
   loop outputs    buffer of its shape, the sum written back in place (the
                   gradient accumulation g_acc + g), is added into that buffer
@@ -98,14 +101,25 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   v5p-32 16x1 b512, positions 654-662 after while.331 at 580),
                   and in the step itself the output projection's after the
                   layers' and the embedding's backward, with the f32 logits
-                  gradient live until then. For the output projection this is
-                  the upper bound: of twelve dumped schedules XLA holds the
-                  logits gradient through the layers' backward in four
-                  (llama3_8b 32x2, llama2_7b v5e 16x2, mistral 16x2,
+                  gradient live until then. Both are upper bounds. Inside a
+                  layer XLA defers some weight gradients and not others
+                  (llama3_8b v5p-32 16x1 b256 s4096: wo's and attention o's
+                  after the flash backward loop, wi's and wi_gate's before
+                  it), and in the mixtral_mini schedules none (v5p-8 4x1 b32
+                  loss_chunks=4 and 2x2 dots: the experts' weight-gradient
+                  fusions, fusion.730-733 and 679-684, right after their
+                  backward, before the flash backward loop; that 4x1 row is
+                  +7.1% over XLA's peak with the deferral, +0.6% without,
+                  before the into-matmuls rule; +5.1% with it).
+                  For the output projection: of fifteen dumped schedules XLA
+                  holds the logits gradient through the layers' backward in
+                  four (llama3_8b 32x2, llama2_7b v5e 16x2, mistral 16x2,
                   llama2_13b 16x1 b512) and makes that gradient first in
-                  eight (gpt2 4x1 dp, llama2_7b 2x4 dp, 4x4 zero2, 32x1 at
+                  eleven (gpt2 4x1 dp, llama2_7b 2x4 dp, 4x4 zero2, 32x1 at
                   seq 2048 and 4096 with either attention, llama3_8b 16x1
-                  b256 s4096, mistral 16x1 s4096). Seventeen gpt2 v5p-8
+                  b256 s4096, mistral 16x1 s4096, mixtral_mini v5p-8 4x1,
+                  4x1 expert_axis=x and 2x2: fusion.366, 373, 383 before the
+                  layers' backward). Seventeen gpt2 v5p-8
                   schedules (mixed, flash) show the choice turns on the
                   plan as a whole, not on one setting: with no batch split
                   (1x4, dp or zero3) it is deferred; on 4x1 it comes first
@@ -116,12 +130,17 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   (adamw, adafactor); the llama rows follow no token count
                   (16x1 zero3 full at 65536 tokens a device: deferred in
                   llama2_13b b512 s2048, first in llama3_8b b256 s4096).
-                  Which one its scheduler picks is not derived here, so the
-                  simulation runs the step
-                  both ways (liveness.simulate: deferred, and in the traced
-                  order) and keeps the larger peak (the T5 step
-                  t5-v1_1-small v5p-16 8x1, whose traced order holds more:
-                  -6.6% with the deferred order alone, -1.5% with both);
+                  XLA's latency-hiding scheduler weighs
+                  memory only against its limit (OpenXLA's
+                  kMemoryPeakOverLimit), 95% of HBM here
+                  (--xla_tpu_scheduler_percent_shared_memory_limit=95 in the
+                  dumped flagfile), far above these steps; which order its
+                  cost model picks is not derived here, so the simulation
+                  runs the step both ways (liveness.simulate: deferred, and
+                  in the traced order) and keeps the larger peak (the T5
+                  step t5-v1_1-small v5p-16 8x1, whose traced order holds
+                  more: -6.6% with the deferred order alone, -1.5% with
+                  both);
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
@@ -171,6 +190,26 @@ _REDUCE_OPS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
 def shape_of(aval, local: bool) -> tuple[int, ...]:
   """Per-device shape (inside a shard_map body, avals already are)."""
   return mesh_class.local_shape(aval.shape) if local else device_shape(aval)
+
+
+_NAME_COLUMNS = 18  # a rule's name in the docstring: its first columns
+
+
+def rules() -> list[tuple[str, str]]:
+  """(name, what XLA does and where it was seen) for each rule above, read
+  off this module's docstring (the one place they are written), for the
+  validation table's rule list."""
+  out: list[tuple[str, str]] = []
+  for line in __doc__.splitlines():
+    if not line.startswith("  ") or len(line) <= _NAME_COLUMNS:
+      continue
+    name, text = line[2:_NAME_COLUMNS].strip(), line[_NAME_COLUMNS:].strip()
+    if name and (not out or out[-1][1].endswith((";", "."))):
+      out.append((name, text))
+    elif out:
+      prev_name, prev_text = out[-1]
+      out[-1] = (f"{prev_name} {name}".strip(), f"{prev_text} {text}".strip())
+  return out
 
 
 def on_host(aval) -> bool:
@@ -403,6 +442,17 @@ def _minor_last(shape: tuple[int, ...]) -> bool:
               and not shape[-2] % TILE_MINOR)
 
 
+def sliced_for_update(jaxpr) -> set:
+  """The arguments of `jaxpr` it also reads resharded to another layout:
+  under ZeRO-1/2 the update runs on this device's slice of a parameter
+  replicated over X, and the new value is gathered back into its donated
+  buffer (simulator.step); the copied-cast-weights rule's stacks."""
+  arguments = set(jaxpr.invars)
+  return {u for e in jaxpr.eqns
+          if e.primitive.name == "reshard" and not is_view(e)
+          for u in e.invars if isinstance(u, jcore.Var) and u in arguments}
+
+
 def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   """The hoisted-casts and transposed-weights rules for the loops of
   `jaxpr`: {(stacked weight, dtype, rule): (first loop index, last loop
@@ -410,11 +460,7 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   the loops that the hoisted casts replace."""
   stacks: dict = {}
   hoisted: set = set()
-  # The arguments whose layout the step fixes: laid out anew by a reshard
-  # (ZeRO-1/2's update of its X-slice, all-gathered back into the donated
-  # argument); XLA lays out any other as its loops read it.
-  arguments = {v for e in jaxpr.eqns if e.primitive.name == "reshard"
-               and not is_view(e) for v in e.invars} & set(jaxpr.invars)
+  sliced = sliced_for_update(jaxpr)
   for i, eqn in enumerate(jaxpr.eqns):
     if eqn.primitive.name != "scan":
       continue
@@ -428,11 +474,12 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
     _slice_readers(body, outer, found)
     for rule, stack, dtype, cast in found:
       shape = shape_of(stack.aval, local)
-      if carries_batch(shape) or (rule == "matmul" and not (
-          backward and stack in arguments and _minor_last(shape))) or (
-              rule == "copy" and not (backward and stack in arguments)):
-        continue  # activations; a forward matmul, a stack the program makes
-        # (its layout is XLA's to choose), or one already stored transposed
+      if carries_batch(shape) or rule != "cast" and not (
+          backward and stack in sliced and (rule == "copy"
+                                            or _minor_last(shape))):
+        continue  # activations; for a copy: a forward loop, a stack the
+        # update writes in place (or the program makes), one already stored
+        # transposed
       if cast is not None:
         hoisted.add(id(cast))
       key = (stack, np.dtype(dtype), rule)
