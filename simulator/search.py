@@ -252,15 +252,15 @@ class Sweep:
     self._classes: dict[tuple, list] = {}
     self.traces = 0  # steps traced
     self.read_off = 0  # (mesh, remat, ...) groups read off a class's trace
+    # What every config's cache key shares, made once (asdict is not free).
+    self._key_parts = dict(
+        model=dataclasses.asdict(cfg), topology=topo.name,
+        spec={k: v for k, v in dataclasses.asdict(spec).items() if k not in (
+            "batches", "remats", "shards", "optimizers", "meshes")})
 
   def cache_key(self, c: Config, kind: str) -> str:
     """Everything a config's record (or its compile) is a function of."""
-    return self.cache.key(kind=kind, model=dataclasses.asdict(self.cfg),
-                          topology=self.topo.name,
-                          spec={k: v for k, v in dataclasses.asdict(
-                              self.spec).items() if k not in (
-                                  "batches", "remats", "shards", "optimizers",
-                                  "meshes")},
+    return self.cache.key(kind=kind, **self._key_parts,
                           config=dataclasses.asdict(c))
 
   def _estimator(self, c: Config):
