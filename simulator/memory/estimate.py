@@ -11,7 +11,7 @@ traced shape times its NamedSharding's per-device shape
                Adafactor factors, master copy, counters);
   activations  what the backward pass keeps (the residuals JAX saves under
                the remat policy, scan-stacked over layers, those XLA fuses
-               away left out: simulator.tracing.trace.fused_residuals) and the batch;
+               away left out: simulator.tracing.trace.saved_residuals) and the batch;
                offloaded residuals are `host_bytes`, not HBM.
 An argument the step never reads (Adafactor's placeholder moments) is left
 out, as jit drops it; on TPU each argument is counted in its tiled layout

@@ -31,8 +31,9 @@ import numpy as np
 from jax.extend import core as jcore
 
 from models.scopes import scopes_of
-from simulator.tracing.batch_probe import carries_batch
 from simulator.memory import xla_gpu_rules, xla_rules
+from simulator.tracing.batch_probe import carries_batch
+from simulator.tracing.trace import made_by_backward
 
 Bytes = tuple[int, int]  # (fixed, linear at the traced batch)
 
@@ -325,7 +326,7 @@ class _Simulation:
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
 
     def buffer(v, eqn) -> LiveBuffer:
-      back = backward or "transpose(" in str(eqn.source_info.name_stack)
+      back = backward or made_by_backward(eqn)
       return LiveBuffer(_where(eqn), xla_rules.shape_of(v.aval, local),
                         str(v.aval.dtype), plan.size[v],
                         scopes_of(eqn.source_info.name_stack), back)
@@ -352,7 +353,7 @@ class _Simulation:
               if v not in plan.reuses and plan.size[v] != (0, 0)]
       if rest:
         sub, sub_local, in_place = xla_rules.calls(eqn, local)[rest[0]]
-        back = backward or "transpose(" in str(eqn.source_info.name_stack)
+        back = backward or made_by_backward(eqn)
         out += [dataclasses.replace(b, where=f"{_where(eqn)} > {b.where}")
                 for b in self.live_at(sub, rest[1:], sub_local, in_place,
                                       back)]

@@ -99,7 +99,7 @@ from jax.extend import core as jcore
 from simulator.tracing.batch_probe import carries_batch
 from simulator.memory import xla_rules
 from simulator.tracing.program import subjaxprs
-from simulator.tracing.trace import spec_of
+from simulator.tracing.trace import made_by_backward, spec_of
 
 
 def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool) -> set:
@@ -222,7 +222,7 @@ def weight_gradient_reduction(eqn) -> bool:
   """A backward reduce_sum that sums the batch away: the weight gradient of
   a norm's scale (or a bias)."""
   return (eqn.primitive.name == "reduce_sum"
-          and "transpose(" in str(eqn.source_info.name_stack)
+          and made_by_backward(eqn)
           and carries_batch(eqn.invars[0].aval.shape)
           and not carries_batch(eqn.outvars[0].aval.shape))
 

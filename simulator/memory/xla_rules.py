@@ -177,7 +177,7 @@ from simulator.tracing.batch_probe import carries_batch, matmul_kind
 from simulator.memory.tiling import TILE_MINOR
 from simulator.tracing.program import subjaxprs
 from simulator.step import device_shape
-from simulator.tracing.trace import VIEW_OPS, fusible, spec_of
+from simulator.tracing.trace import VIEW_OPS, fusible, made_by_backward, spec_of
 
 # Ops XLA puts in a loop fusion besides elementwise ones.
 _LOOP_OPS = {"slice", "dynamic_slice", "concatenate", "pad", "split", "rev",
@@ -469,7 +469,7 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
     outer = {a: b for a, b in zip(body.invars[first_xs:],
                                   eqn.invars[first_xs:])
              if isinstance(b, jcore.Var)}
-    backward = "transpose(" in str(eqn.source_info.name_stack)
+    backward = made_by_backward(eqn)
     found: list = []
     _slice_readers(body, outer, found)
     for rule, stack, dtype, cast in found:

@@ -35,7 +35,7 @@ class Residual:
 
   aval: jax.core.ShapedArray  # carries .sharding under an Explicit mesh
   name: str  # what it is, for people: "blocks/attn: 'qkv', 32 layers"
-  fused: bool = False  # see fused_residuals
+  fused: bool = False  # see saved_residuals
   argument: bool = False  # an input of the function (a param, the batch)
   op: str = ""  # the primitive that made it ("scan", "dot_general", ...)
   scopes: tuple[str, ...] = ()  # the named scopes it was made under
@@ -106,7 +106,7 @@ def read_inputs(jaxpr) -> list[bool]:
   return [v in read for v in jaxpr.invars]
 
 
-def _backward(eqn) -> bool:
+def made_by_backward(eqn) -> bool:
   """Made by the backward pass: JAX's transpose names its equations so."""
   return "transpose(" in str(eqn.source_info.name_stack)
 
@@ -128,14 +128,14 @@ def saved_residuals(closed, arg_names: list[str]) -> tuple[Residual, ...]:
   for eqn in jaxpr.eqns:
     for v in eqn.outvars:
       producer[v] = eqn
-    if not _backward(eqn):  # the forward's own readers
+    if not made_by_backward(eqn):  # the forward's own readers
       for v in eqn.invars:
         if isinstance(v, jcore.Var):
           consumers.setdefault(v, []).append(eqn)
   see_through = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
                  if e.primitive.name == "reduce_precision"}
-  forward = lambda v: v not in producer or not _backward(producer[v])
-  res = {see_through.get(v, v) for e in jaxpr.eqns if _backward(e)
+  forward = lambda v: v not in producer or not made_by_backward(producer[v])
+  res = {see_through.get(v, v) for e in jaxpr.eqns if made_by_backward(e)
          for v in e.invars if isinstance(v, jcore.Var) and forward(v)}
 
   def root(v):  # the equation that made v, seen through views
