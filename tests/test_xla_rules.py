@@ -143,6 +143,93 @@ def test_weight_gradients_are_made_last_in_a_body():
   assert moved.eqns[-1].primitive.name == "convert_element_type"
 
 
+def _chunked_grad(x_CxBxD, w_DxV):
+  """A chunked loss's backward: each chunk's weight gradient, made in f32
+  inside a checkpoint, cast to bf16 and added into the loop's carry."""
+  def body(acc_DxV, x_BxD):
+    g_DxV = jax.checkpoint(lambda x: (x.T @ jnp.tanh(x @ w_DxV)).astype(
+        jnp.bfloat16))(x_BxD)
+    return acc_DxV + g_DxV, None
+  acc, _ = jax.lax.scan(body, jnp.zeros(w_DxV.shape, jnp.bfloat16), x_CxBxD)
+  return acc
+
+
+def test_a_narrowed_weight_gradient_is_added_into_the_carry_in_place():
+  """The narrowed-weight-gradients rule: the f32 product, its bf16 cast
+  and the checkpoint's output are one fusion writing into the carry, so a
+  chunk holds no [D, V] buffer of its own (the f32 product and a bf16 copy
+  without the rule)."""
+  x = jax.ShapeDtypeStruct((4, PROBE, 64), jnp.float32)
+  w = jax.ShapeDtypeStruct((64, 512), jnp.float32)
+  j = jax.make_jaxpr(_chunked_grad)(x, w).jaxpr
+  peak, _ = liveness.simulate(j, 0).peak_at(1, 1)
+  logits = PROBE * 512 * 4  # tanh(x @ w), the chunk's f32 activation
+  assert peak < logits + 64 * 512 * (2 + 2 + 4)  # init, carry, no product
+  body = _eqn(j, "scan").params["jaxpr"].jaxpr
+  call, = (e for e in body.eqns if e.primitive.name != "add")
+  readers = lambda v: [e for e in body.eqns if v in e.invars]
+  assert call.outvars[0] in xla_rules.matmul_fusion_chain(
+      body.eqns, readers, set(body.outvars))
+
+
+def test_a_narrowed_weight_gradient_read_by_a_collective_is_not():
+  """Cast to bf16 for a reduce-scatter (a reshard), the cast is a fusion of
+  its own and the f32 product a buffer (t5-v1_1-small v5p-16 8x1)."""
+  mesh = AbstractMesh((2,), ("X",), axis_types=(AxisType.Explicit,))
+  def fn(x, d):
+    g = (x.T @ d).astype(jnp.bfloat16)
+    return jax.sharding.reshard(g, P("X", None))
+  with jax.sharding.use_abstract_mesh(mesh):
+    j = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((PROBE, 16), jnp.float32),
+                           jax.ShapeDtypeStruct((PROBE, 8), jnp.float32))
+  sizes = _buffers_of(j.jaxpr)
+  assert next(v for k, v in sizes.items() if k.endswith("dot_general")) == (
+      16 * 8 * 4)
+
+
+def test_iotas_and_fills_a_loop_reads_are_sunk_into_it():
+  """The sunk-loop-constants rule: an iota and a zero fill made outside a
+  loop and read by it as constants are made inside it (XLA's
+  WhileLoopFusibleSinking); a constant made from an argument is not."""
+  def fn(x_CxBxV, labels_CxB, arg_BxV):
+    iota = jax.lax.broadcasted_iota(jnp.int32, x_CxBxV.shape[1:], 1)
+    zeros = jnp.zeros(x_CxBxV.shape[1:])
+    other = arg_BxV * 2.0
+    def body(c, xs):
+      x, lab = xs
+      hit = iota == lab[:, None]
+      return c + jnp.sum(jnp.where(hit, x, zeros) + other), None
+    return jax.lax.scan(body, 0.0, (x_CxBxV, labels_CxB))[0]
+  j = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((4, 8, 1024), jnp.float32),
+                         jax.ShapeDtypeStruct((4, 8), jnp.int32),
+                         jax.ShapeDtypeStruct((8, 1024), jnp.float32)).jaxpr
+  sizes = _buffers_of(j)
+  assert [k.split(":")[1] for k, v in sizes.items() if v] == ["mul", "scan"]
+
+
+def _buffers_of(j) -> dict[str, int]:
+  plan = liveness._Simulation().plan(j, False, ())
+  return {f"{i}:{e.primitive.name}": sum(plan.size[v])
+          for i, e in enumerate(plan.jaxpr.eqns) for v in e.outvars}
+
+
+def test_a_loop_only_the_loss_needs_runs_last():
+  """The deferred order moves a loop whose value only the step's loss
+  reads (a chunked loss's forward loop) after the backward, holding its
+  operands through it; an elementwise op only the loss reads stays."""
+  def step(w, x):
+    fwd = jax.lax.scan(lambda c, xi: (c + jnp.sum(xi @ w), None), 0.0, x)[0]
+    back = jax.lax.scan(lambda c, xi: (c + xi.T @ xi, None),
+                        jnp.zeros((16, 16)), x)[0]
+    return w - back @ w, fwd * 2.0
+  j = jax.make_jaxpr(step)(jax.ShapeDtypeStruct((16, 16), jnp.float32),
+                           jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)).jaxpr
+  names = lambda jaxpr: [e.primitive.name for e in jaxpr.eqns]
+  moved = xla_rules.defer_weight_grads(j, results=(j.outvars[1],))
+  assert names(j)[0] == "scan" and names(moved)[-2:] == ["scan", "mul"]
+  assert xla_rules.defer_weight_grads(j) is j
+
+
 def test_views_alias_their_operand():
   j = jax.make_jaxpr(lambda x: (x.reshape(4, 2).T, x.astype(jnp.float32),
                                 x.astype(jnp.bfloat16)))(jnp.ones(8))

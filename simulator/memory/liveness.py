@@ -154,6 +154,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   no_buffer = accumulated | {v for e in eqns if id(e) in dead
                              for v in e.outvars}
   producer = {v: eqn for eqn in eqns for v in eqn.outvars}
+  sunk = xla_gpu_rules.sunk_into_loops(eqns, readers, producer, gpu)
   chain_producers = xla_gpu_rules.chain_producers(producer, gpu)
   size: dict = {}
   for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
@@ -162,7 +163,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       if v in no_buffer:
         size[v] = (0, 0)
         continue
-      fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or (
+      fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
           v not in outs and xla_rules.fused_away(
               eqn, v, consumers.get(v, []), list(readers(v)), local,
               v in chained, chain_producers)))
@@ -233,6 +234,7 @@ class _Simulation:
   def __init__(self, gpu: bool = False):
     self.gpu = gpu  # the target is a GPU: xla_gpu_rules apply
     self.top = None  # id of the step's own jaxpr (simulate sets it)
+    self.results: tuple = ()  # its outputs other than the new state
     self.plans: dict = {}
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
@@ -247,7 +249,8 @@ class _Simulation:
       if order == "deferred" and self.gpu and id(jaxpr) == self.top:
         jaxpr = xla_gpu_rules.defer_step_weight_grads(jaxpr)
       elif order == "deferred":
-        jaxpr = xla_rules.defer_weight_grads(jaxpr)
+        jaxpr = xla_rules.defer_weight_grads(
+            jaxpr, results=self.results if id(jaxpr) == self.top else ())
       elif order == "late":
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
       jaxpr, held = xla_rules.stream_offloaded_update(jaxpr)
@@ -465,11 +468,12 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False) -> Points:
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   sim = _Simulation(gpu)
   sim.top = id(jaxpr)
+  sim.results = tuple(jaxpr.outvars[donated_outputs:])
   in_place = tuple(xla_rules.donated_in_place(
       jaxpr, jaxpr.outvars[:donated_outputs]))
   points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
   order = ["deferred"] * len(points)
-  if xla_rules.defer_weight_grads(jaxpr) is not jaxpr:
+  if xla_rules.defer_weight_grads(jaxpr, results=sim.results) is not jaxpr:
     for other in ORDERS[1:] if gpu else ORDERS[1:2]:
       more = [(f, l, f"{w} ({ORDER_NOTES[other]})", path)
               for f, l, w, path in sim.transient(

@@ -109,6 +109,13 @@ def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool) -> set:
   return set() if gpu else xla_rules.matmul_fusion_chain(eqns, readers, outs)
 
 
+def sunk_into_loops(eqns, readers, producer: dict, gpu: bool) -> set:
+  """The loop constants sunk into their loops (xla_rules.sunk_into_loops),
+  read off TPU dumps; none on a GPU, where no dump has shown it (a buffer
+  kept is the safe side)."""
+  return set() if gpu else xla_rules.sunk_into_loops(eqns, readers, producer)
+
+
 def chain_producers(producer: dict, gpu: bool) -> dict:
   """The producers through which the into-matmuls rule (xla_rules) reads
   the elementwise chain a matmul operand is made by: none on a GPU, where a

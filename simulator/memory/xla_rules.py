@@ -37,6 +37,25 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   by the output projection through a reshape, is a bf16
                   buffer (broadcast_divide_fusion.2) and the f32 acc dies
                   there (while.330{3});
+  narrowed weight a weight gradient whose one reader is a cast to a
+  gradients       narrower dtype is made by one fusion with the cast, and
+                  that fusion goes on into an add that reads the cast while
+                  it has one reader, across a call's boundary: a chunked
+                  loss's output-projection gradient is computed, cast to
+                  bf16 and added into its loop's carry in place by one
+                  kOutput fusion (fusion.706 of llava_mini v5p-8 4x1
+                  loss_chunks=4: convolution.190, convert, add, writing
+                  bf16[1024,32064] over the carry; no f32[32064,1024]
+                  product and no second bf16 buffer); the layers' weight
+                  gradients there are bf16 fusion outputs too (fusion.698,
+                  fusion.696: bf16[1024,2816], bf16[2816,1024]);
+  sunk loop       a loop's invariant operand made only by expanding ops
+  constants       (iota, broadcasts) through elementwise ops and views is
+                  sunk into the loop and fused into its readers there
+                  (XLA's WhileLoopFusibleSinking): the chunked loss's
+                  one-hot iota and zero fill, [4,192,32064] i32 and f32,
+                  are not operands of its forward loop in that dump
+                  (while.367 carries the chunks, the weight and the labels);
   views           reshapes, transposes, casts to the same dtype alias their
                   operand;
   in place        a fusion's output takes the buffer of an operand of its size
@@ -119,7 +138,19 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   seq 2048 and 4096 with either attention, llama3_8b 16x1
                   b256 s4096, mistral 16x1 s4096, mixtral_mini v5p-8 4x1,
                   4x1 expert_axis=x and 2x2: fusion.366, 373, 383 before the
-                  layers' backward). Seventeen gpt2 v5p-8
+                  layers' backward). A chunked loss makes the output
+                  projection's gradient inside its backward loop, so what
+                  reads it there (its cast to f32, its reduction over X)
+                  is what is deferred: the bf16 gradient, while.369{1} of
+                  llama3_8b v5p-32 16x1 b16 loss_chunks=4 (#37), is live
+                  from that loop (schedule position 343) through the
+                  layers' backward to its all-reduce at 918; and what only
+                  the loss value needs runs last (the sunk-loss rule: that
+                  loss's forward loop, while.368, at 915, after the layers'
+                  backward loop while.366 at 777, holding the gathered
+                  bf16 output weight all-gather.20 from 288 to 915; in
+                  llava_mini v5p-8 4x1 loss_chunks=4 XLA ran it first,
+                  before the loss's backward loop). Seventeen gpt2 v5p-8
                   schedules (mixed, flash) show the choice turns on the
                   plan as a whole, not on one setting: with no batch split
                   (1x4, dp or zero3) it is deferred; on 4x1 it comes first
@@ -166,6 +197,7 @@ off (buffers live at the peak: `python -m experiments.validate ...
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -321,20 +353,65 @@ def widening(eqn) -> bool:
 
 
 def matmul_fusion_chain(eqns, readers, outs: set) -> set:
-  """The values made inside activation matmuls' output fusions: each
-  matmul's result, and what the elementwise ops reading it make while each
-  value has one reader (`readers(v)`: v's readers through views) and is not
-  one of the jaxpr's outputs `outs`; the chain's last value is the fusion's
-  output."""
+  """The values made inside matmuls' output fusions: each activation
+  matmul's result, a weight gradient's whose one reader is a narrowing cast
+  (the narrowed-weight-gradients rule), a call's output made inside such a
+  fusion in its body, and what the elementwise ops reading them make while
+  each value has one reader (`readers(v)`: v's readers through views) and
+  is not one of the jaxpr's outputs `outs`; the chain's last value is the
+  fusion's output."""
   chained: set = set()
   for eqn in eqns:
+    one = lambda u: len({id(c) for c in readers(u)}) == 1
     if activation_matmul(eqn) or (
+        _matmul_kind(eqn) == "weight_grad" and one(eqn.outvars[0])
+        and _narrowed(next(iter(readers(eqn.outvars[0]))), readers)) or (
         (elementwise(eqn) and not widening(eqn) or is_view(eqn))
         and any(isinstance(u, jcore.Var) and u in chained and u not in outs
-                and len({id(c) for c in readers(u)}) == 1
-                for u in eqn.invars)):
+                and one(u) for u in eqn.invars)):
       chained.update(eqn.outvars)
+    elif eqn.primitive.name not in ("scan", "while", "cond"):
+      for body in _subjaxprs(eqn):
+        if len(body.outvars) == len(eqn.outvars):
+          ends = _chain_ends(body)
+          chained.update(v for v, w in zip(eqn.outvars, body.outvars)
+                         if isinstance(w, jcore.Var) and w in ends
+                         and one(v))
   return chained
+
+
+def _narrowed(eqn, readers) -> bool:
+  """A cast to a narrower dtype that a matmul's output fusion takes in:
+  one whose value goes on into elementwise ops or out of the jaxpr (into a
+  loop's carry or stacked output). Read by a collective instead, the cast
+  is a fusion of its own and the matmul's f32 result its buffer: the
+  output projection's gradient f32[32128,512] at the peak of
+  t5-v1_1-small v5p-16 8x1 (#74), cast to bf16 for its reduce-scatter."""
+  if not (eqn.primitive.name == "convert_element_type"
+          and _itemsize(eqn.outvars[0]) < _itemsize(eqn.invars[0])):
+    return False
+  return all(elementwise(c) and not widening(c)
+             for c in readers(eqn.outvars[0]))
+
+
+def _chain_ends(jaxpr) -> frozenset:
+  """The outputs of a call's body made inside a matmul's output fusion,
+  which goes on into what the caller does with them (the narrowed-weight-
+  gradients rule, across a checkpoint's boundary)."""
+  consumers: dict = {}
+  for e in jaxpr.eqns:
+    for u in e.invars:
+      if isinstance(u, jcore.Var):
+        consumers.setdefault(u, []).append(e)
+
+  def readers(v):
+    for c in consumers.get(v, ()):
+      if is_view(c):
+        yield from readers(c.outvars[0])
+      else:
+        yield c
+  outs = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+  return frozenset(matmul_fusion_chain(jaxpr.eqns, readers, set()) & outs)
 
 
 def accumulated_stacks(eqns, readers, in_place: set, inputs: set) -> set:
@@ -358,6 +435,54 @@ def accumulated_stacks(eqns, readers, in_place: set, inputs: set) -> set:
                   if isinstance(u, jcore.Var) and u is not v)):
         out.add(v)
   return out
+
+
+_EXPANDING = {"iota", "broadcast_in_dim"}  # XLA's IsPurelyExpanding
+_SINK_LIMIT = 100  # WhileLoopFusibleSinking's largest subgraph
+
+
+def sunk_into_loops(eqns, readers, producer: dict) -> set:
+  """The sunk-loop-constants rule: the values a loop reads as constants
+  that are made only by expanding ops (iota, broadcasts) through
+  elementwise ops and views (XLA's IsSinkableFusion), and that nothing
+  else reads as a buffer."""
+  sunk: set = set()
+  for eqn in eqns:
+    if eqn.primitive.name != "scan":
+      continue
+    for v in eqn.invars[:eqn.params["num_consts"]]:
+      if (isinstance(v, jcore.Var) and v not in sunk
+          and _sinkable(v, producer, [0])
+          and all(c.primitive.name == "scan" or absorbs(c)
+                  for c in readers(v))):
+        sunk.add(v)
+  return sunk
+
+
+def _sinkable(v, producer: dict, seen: list, outer: tuple = ()) -> bool:
+  """Whether `v` is made by a graph IsSinkableFusion accepts: expanding
+  ops at its leaves, elementwise ops, views and elementwise calls inside;
+  `outer`: (a call body's inputs -> the call's operands, the caller's
+  producers)."""
+  if not isinstance(v, jcore.Var):
+    return True  # a literal
+  if outer and v in outer[0]:
+    return _sinkable(outer[0][v], outer[1], seen, outer[2])
+  eqn = producer.get(v)
+  seen[0] += 1
+  if eqn is None or seen[0] > _SINK_LIMIT:
+    return False  # an argument: not fusible
+  name = eqn.primitive.name
+  if name in _EXPANDING:
+    return True
+  if name in ("jit", "pjit", "closed_call") and fusible(eqn):
+    body = _subjaxprs(eqn)[0]
+    inner = {w: e for e in body.eqns for w in e.outvars}
+    call = (dict(zip(body.invars, eqn.invars)), producer, outer)
+    return all(_sinkable(w, inner, seen, call) for w in body.outvars)
+  if elementwise(eqn) or is_view(eqn):
+    return all(_sinkable(u, producer, seen, outer) for u in eqn.invars)
+  return False
 
 
 def dead_equations(jaxpr) -> set:
@@ -489,18 +614,25 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   return stacks, hoisted
 
 
-def defer_weight_grads(jaxpr, keep_matmuls: bool = False, also=None):
+def defer_weight_grads(jaxpr, keep_matmuls: bool = False, also=None,
+                       results: tuple = ()):
   """`jaxpr` with every weight-gradient matmul (and equation `also` says
-  is one), and what is made from it alone, moved as late as its readers
-  allow (the deferred-weight-gradients rule); with `keep_matmuls`, only
-  what is made from them is moved (xla_gpu_rules: late gradient
-  collectives)."""
+  is one), what reads a backward loop's weight gradient (the output
+  projection's, accumulated over a chunked loss's loop), and what is made
+  from them alone, moved as late as its readers allow (the deferred-weight-
+  gradients rule); a loop only the outputs `results` need (a chunked
+  loss's forward loop: only the loss value reads it) is moved there too. With `keep_matmuls`, only what
+  is made from them is moved (xla_gpu_rules: late gradient collectives)."""
   eqns = list(jaxpr.eqns)
   deferred: set = set()
   made: set = set()
+  loop_grads = _loop_weight_grads(eqns)
+  loss_loops = {i for i in _only_for(eqns, jaxpr.outvars, results)
+                if eqns[i].primitive.name == "scan"}
   for i, e in enumerate(eqns):
     reads = [v for v in e.invars if isinstance(v, jcore.Var)]
-    seed = _matmul_kind(e) == "weight_grad" or (also is not None and also(e))
+    seed = (_matmul_kind(e) == "weight_grad" or (also is not None and also(e))
+            or any(v in loop_grads for v in reads) or i in loss_loops)
     if seed and keep_matmuls:
       made.update(e.outvars)
     elif seed or (reads and any(v in made for v in reads) and (
@@ -530,6 +662,34 @@ def defer_weight_grads(jaxpr, keep_matmuls: bool = False, also=None):
   for i in sorted(deferred):
     emit(i)
   return jaxpr.replace(eqns=[eqns[i] for i in order])
+
+
+def _loop_weight_grads(eqns) -> set:
+  """The weight gradients backward loops accumulate in their carry: batch-
+  free carried outputs of two or more dims."""
+  return {v for e in eqns if e.primitive.name == "scan"
+          and made_by_backward(e)
+          for v in e.outvars[:e.params["num_carry"]]
+          if len(v.aval.shape) >= 2 and not carries_batch(v.aval.shape)}
+
+
+def _only_for(eqns, outvars, results: tuple) -> list[int]:
+  """The equations whose values only the outputs `results` need, not the
+  jaxpr's other outputs (the sunk-loss part of the deferred-weight-
+  gradients rule: a loop among them runs last)."""
+  if not results:
+    return []
+  wanted = {id(v) for v in results}
+  needed = {v for v in outvars
+            if isinstance(v, jcore.Var) and id(v) not in wanted}
+  only: list[int] = []
+  for i in range(len(eqns) - 1, -1, -1):
+    e = eqns[i]
+    if any(v in needed for v in e.outvars):
+      needed.update(v for v in e.invars if isinstance(v, jcore.Var))
+    else:
+      only.append(i)
+  return only
 
 
 def fetches_host_value(eqn) -> bool:
