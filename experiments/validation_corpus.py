@@ -244,4 +244,9 @@ CASES: list[Case] = [
          microbatches=4),
     Case("gpt2", "v5p-8", "2x1", 16, 1024, "dots", "adamw", C, shard="zero1",
          pp=2, microbatches=8),
+    # FSDP with the layer stacks stored in bf16 and trained in full: #65's
+    # step without LoRA, where XLA copies the q/k/v stacks heads-major too
+    # (xla_rules: head-split gathered weights, read off both dumps).
+    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", T,
+         precision="bf16"),
 ]
