@@ -249,4 +249,9 @@ CASES: list[Case] = [
     # (xla_rules: head-split gathered weights, read off both dumps).
     Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", T,
          precision="bf16"),
+    # The same rule held out: heads over Y and grouped kv heads (#67's step
+    # with its base stored in bf16 and trained in full), compiled after the
+    # rule was written.
+    Case("llama3_8b", "v5p-16", "4x2", 16, 2048, "full", "adamw", C,
+         precision="bf16"),
 ]
