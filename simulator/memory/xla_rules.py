@@ -97,13 +97,23 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   78-797), are at the peak of llama2_7b v5p-8 4x1 zero3
                   bf16 lora_rank=16 (#65: -8.6% under XLA's peak without
                   the rule); the same three (copy.163-165, live 88-731)
-                  in that step trained in full (#90). Not copied there: o
-                  and the MLP's stacks (heads major, or one output dim),
-                  the LoRA adapters (not gathered). Stored f32 (mixed) the
-                  hoisted cast is made in that layout; dequantized per
-                  layer (nf4, int8: #66, #67) there is no stack to copy;
-                  not gathered (dp: llama2_7b v5p-16 2x4 bf16) XLA copies
-                  each layer's slice in the loop (copy.245, one layer);
+                  in that step trained in full (#90); held out, compiled
+                  after the rule was written, llama3_8b v5p-16 4x2 zero3
+                  bf16 (#91: heads over Y, grouped kv heads) holds
+                  copy.159-161 of k, v, q, bf16[32,1024,4,128] and
+                  [32,1024,16,128], live 80-812 to the backward loop
+                  while.312 (-0.6% without the rule, +1.1% with it).
+                  All three recompute the layer in the backward (full
+                  remat); where a later loop gathers the stack only for
+                  its transposed matmul (dx) the copy is kept to it, an
+                  upper bound. Not copied
+                  there: o and the MLP's stacks (heads major, or one
+                  output dim), the LoRA adapters (not gathered). Stored
+                  f32 (mixed) the hoisted cast is made in that layout;
+                  dequantized per layer (nf4, int8: #66, #67) there is no
+                  stack to copy; not gathered (dp: llama2_7b v5p-16 2x4
+                  bf16) XLA copies each layer's slice in the loop
+                  (copy.245, one layer);
   accumulated     a loop's stacked output read only by an add into a caller's
   loop outputs    buffer of its shape, the sum written back in place (the
                   gradient accumulation g_acc + g), is added into that buffer
