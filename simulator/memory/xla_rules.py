@@ -106,14 +106,13 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   All three recompute the layer in the backward (full
                   remat); where a later loop gathers the stack only for
                   its transposed matmul (dx) the copy is kept to it, an
-                  upper bound. Not copied
-                  there: o and the MLP's stacks (heads major, or one
-                  output dim), the LoRA adapters (not gathered). Stored
-                  f32 (mixed) the hoisted cast is made in that layout;
-                  dequantized per layer (nf4, int8: #66, #67) there is no
-                  stack to copy; not gathered (dp: llama2_7b v5p-16 2x4
-                  bf16) XLA copies each layer's slice in the loop
-                  (copy.245, one layer);
+                  upper bound. Not copied there: o and the MLP's stacks
+                  (heads major, or one output dim), the LoRA adapters (not
+                  gathered). Stored f32 (mixed) the hoisted cast is made
+                  in that layout; dequantized per layer (nf4, int8: #66,
+                  #67) there is no stack to copy; not gathered (dp:
+                  llama2_7b v5p-16 2x4 bf16) XLA copies each layer's slice
+                  in the loop (copy.245, one layer);
   accumulated     a loop's stacked output read only by an add into a caller's
   loop outputs    buffer of its shape, the sum written back in place (the
                   gradient accumulation g_acc + g), is added into that buffer
