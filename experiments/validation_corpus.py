@@ -244,4 +244,14 @@ CASES: list[Case] = [
          microbatches=4),
     Case("gpt2", "v5p-8", "2x1", 16, 1024, "dots", "adamw", C, shard="zero1",
          pp=2, microbatches=8),
+    # FSDP with the layer stacks stored in bf16 and trained in full: #65's
+    # step without LoRA, where XLA copies the q/k/v stacks heads-major too
+    # (xla_rules: head-split gathered weights, read off both dumps).
+    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", T,
+         precision="bf16"),
+    # The same rule held out: heads over Y and grouped kv heads (#67's step
+    # with its base stored in bf16 and trained in full), compiled after the
+    # rule was written.
+    Case("llama3_8b", "v5p-16", "4x2", 16, 2048, "full", "adamw", C,
+         precision="bf16"),
 ]

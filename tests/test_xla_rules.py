@@ -5,7 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
@@ -349,6 +349,78 @@ def test_only_a_weight_stack_updated_on_a_slice_is_copied(model, settings,
                   abstract_mesh(plan)).jaxpr.jaxpr
   stacks, _ = xla_rules.hoisted_stacks(j, False)
   assert {k[2] for k in stacks} - {"cast"} == ({copied} if copied else set())
+
+
+def _gathered_loops(shape, subscripts, dtype=jnp.bfloat16):
+  """jax.grad of a rematerialized scan over a stacked weight stored over X
+  on its second dim (FSDP, X = 2), each layer's slice gathered whole before
+  its matmul with the layer input, `subscripts` (its einsum), and cast to
+  bf16 after the gather when stored in another dtype."""
+  mesh = AbstractMesh((2,), ("X",), axis_types=(AxisType.Explicit,))
+  lhs = subscripts.split(",")[0]  # the layer input, as the matmul reads it
+
+  @jax.checkpoint
+  def body(h, w):
+    w = jax.sharding.reshard(w, P()).astype(jnp.bfloat16)
+    out = jnp.einsum(subscripts, h.reshape(PROBE, *w.shape[:len(lhs) - 1]),
+                     w)
+    return jnp.tanh(out.reshape(h.shape)), None
+
+  def loss(ws, x):
+    return jnp.sum(jax.lax.scan(body, x, ws)[0].astype(jnp.float32))
+
+  spec = P(None, "X")
+  ws = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+  x = jax.ShapeDtypeStruct((PROBE, 128), jnp.bfloat16)
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.make_jaxpr(jax.grad(loss))(ws, x).jaxpr
+
+
+@pytest.mark.parametrize("shape,subscripts,dtype,copied", [
+    ((6, 128, 2, 64), "bd,dnh->bnh", jnp.bfloat16, True),  # q, k, v
+    ((6, 2, 64, 128), "bnh,nhd->bd", jnp.bfloat16, False),  # o
+    ((6, 128, 128), "bd,df->bf", jnp.bfloat16, False),  # an MLP's
+    ((6, 128, 2, 64), "bd,dnh->bnh", jnp.float32, False)])  # cast (mixed)
+def test_a_gathered_head_split_weight_is_copied_for_both_loops(
+    shape, subscripts, dtype, copied):
+  """A weight stack gathered slice by slice and read, uncast, by a matmul
+  whose result keeps its heads and head dims behind the contracted d_model
+  is copied whole (per-device bytes) from the forward loop to the backward
+  loop; one read with heads major (o: also in its backward), one output
+  dim (an MLP's), or a cast after the gather (the hoisted cast's) is not."""
+  j = _gathered_loops(shape, subscripts, dtype)
+  stacks, _ = xla_rules.hoisted_stacks(j, False)
+  got = [(f, l, b) for k, (f, l, b) in stacks.items() if k[2] == "gathered"]
+  loops = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"]
+  assert got == ([(loops[0], loops[-1], (math.prod(shape) // 2 * 2, 0))]
+                 if copied else [])
+  assert len(loops) == 2
+
+
+@pytest.mark.parametrize("settings,copied", [
+    (dict(precision="bf16"), True),
+    (dict(precision="bf16", lora_rank=4), True),
+    (dict(precision="bf16_master"), True),
+    (dict(), False),
+    (dict(shard="zero1", precision="bf16"), False),
+    (dict(precision="bf16", lora_rank=4, base_quant="int8"), False)])
+def test_gathered_q_k_v_stacks_are_copied_on_the_traced_step(settings,
+                                                            copied):
+  """The head-split-gathered-weights rule on the traced step (4x1): under
+  FSDP with the layer stacks stored in bf16, trained in full or frozen
+  under LoRA adapters, q, k and v (copy.141-143 of llama2_7b 4x1 zero3
+  bf16 lora_rank=16; copy.163-165 without LoRA) and no other stack; none
+  stored f32 (the hoisted cast), replicated over X (zero1: no gather) or
+  dequantized per layer (int8)."""
+  cfg = load_model("tiny")
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  j = trace_probe(cfg, TrainSettings(batch=8, seq=128, **settings),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  stacks, _ = xla_rules.hoisted_stacks(j, False)
+  gathered = sorted(k[0].aval.shape for k in stacks if k[2] == "gathered")
+  q_k_v = sorted((cfg.n_layers, cfg.d_model, heads, cfg.head_dim)
+                 for heads in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads))
+  assert gathered == (q_k_v if copied else [])
 
 
 @pytest.mark.parametrize("x,y", [(4, 1), (2, 2)])

@@ -345,6 +345,7 @@ class _Simulation:
           what = {"cast": f"cast to {dtype}",
                   "matmul": "copied to the transposed layout",
                   "copy": "copied (its own layout)",
+                  "gathered": "copied heads-major for its gathered matmuls",
                   "gather": "transposed for its all-gather"}[rule]
           out.append(LiveBuffer(
               f"{stack.aval.str_short()} {what} outside its loop",

@@ -99,6 +99,39 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   read only by their hoisted converts and the update
                   fusion.379; the stacks at its backward peak are the
                   loop's f32 gradient accumulators wide.param.0{8-10});
+  head-split      a loop that all-gathers each slice of a stacked weight
+  gathered weights argument (FSDP) and reads it, with no cast, in a matmul
+                  that keeps more than one of its dims behind the
+                  contracted one (q, k, v: [d_model, heads, head_dim],
+                  their outputs laid out heads-major for the attention) is
+                  given the whole stack copied heads-major before the
+                  first loop that gathers it, live to the last: an
+                  all-gather and the dynamic slice before it keep their
+                  operand's layout, so the layout the matmul wants is
+                  assigned to the loop's operand, and an entry argument's
+                  layout is fixed. copy.141-143 bf16[32,1024,32,128]
+                  {1,3,2,0} and {3,1,2,0} of the frozen k, v, q kernels
+                  (param.14/21/24), made before the forward loop while.307
+                  and passed on to the backward loop while.304 (live
+                  78-797), are at the peak of llama2_7b v5p-8 4x1 zero3
+                  bf16 lora_rank=16 (#65: -8.6% under XLA's peak without
+                  the rule); the same three (copy.163-165, live 88-731)
+                  in that step trained in full (#90); held out, compiled
+                  after the rule was written, llama3_8b v5p-16 4x2 zero3
+                  bf16 (#91: heads over Y, grouped kv heads) holds
+                  copy.159-161 of k, v, q, bf16[32,1024,4,128] and
+                  [32,1024,16,128], live 80-812 to the backward loop
+                  while.312 (-0.6% without the rule, +1.1% with it).
+                  All three recompute the layer in the backward (full
+                  remat); where a later loop gathers the stack only for
+                  its transposed matmul (dx) the copy is kept to it, an
+                  upper bound. Not copied there: o and the MLP's stacks
+                  (heads major, or one output dim), the LoRA adapters (not
+                  gathered). Stored f32 (mixed) the hoisted cast is made
+                  in that layout; dequantized per layer (nf4, int8: #66,
+                  #67) there is no stack to copy; not gathered (dp:
+                  llama2_7b v5p-16 2x4 bf16) XLA copies each layer's slice
+                  in the loop (copy.245, one layer);
   accumulated     a loop's stacked output read only by an add into a caller's
   loop outputs    buffer of its shape, the sum written back in place (the
                   gradient accumulation g_acc + g), is added into that buffer
@@ -525,29 +558,56 @@ def calls(eqn, local: bool) -> list[tuple[object, bool, list]]:
   return [(sub, inner_local, sub.outvars) for sub in subs]
 
 
+def _heads_behind(eqn, operand) -> bool:
+  """Whether a matmul keeps more than one of `operand`'s dims (its result
+  split, as heads x head_dim) with a contracted dim stored before the
+  first of them: the operand is not laid out with that dim major."""
+  (contract_l, contract_r), (batch_l, batch_r) = eqn.params[
+      "dimension_numbers"]
+  left = eqn.invars[0] is operand
+  contract, batch = (contract_l, batch_l) if left else (contract_r, batch_r)
+  kept = [d for d in range(len(operand.aval.shape))
+          if d not in contract and d not in batch]
+  return len(kept) > 1 and min(contract, default=kept[0]) < kept[0]
+
+
 def _slice_readers(body, outer: dict, found: list,
-                   outer_cast: dict | None = None) -> None:
+                   outer_cast: dict | None = None,
+                   outer_gathered: dict | None = None) -> None:
   """What reads a loop's per-iteration slices in `body` (and the calls it
   makes): ("cast", stacked operand, dtype, cast equation) for a cast of a
   slice, ("matmul", stacked operand, dtype, None) for a matmul reading a
   slice directly, ("copy", stacked operand, its dtype, None) for a matmul
-  reading a cast of a slice (through views). `outer` maps a body input to
-  the stacked operand it slices."""
+  reading a cast of a slice (through views); for a matmul reading an
+  all-gather of a slice (a reshard to another layout, through views, no
+  cast), ("gathered", stacked operand, its dtype, None) where the matmul
+  keeps more than one of the slice's dims and ("gathered read", ...)
+  where it keeps one. `outer` maps a body input to the stacked operand it
+  slices."""
   views: dict = dict(outer)
   cast: dict = dict(outer_cast or {})  # a cast slice (or its view) -> stack
+  gathered: dict = dict(outer_gathered or {})  # a gathered slice -> stack
   for eqn in body.eqns:
     ins = [v for v in eqn.invars if isinstance(v, jcore.Var) and v in views]
     casts = [v for v in eqn.invars if isinstance(v, jcore.Var) and v in cast]
+    gathers = [v for v in eqn.invars
+               if isinstance(v, jcore.Var) and v in gathered]
     if is_view(eqn) and ins:
       views[eqn.outvars[0]] = views[ins[0]]
     elif is_view(eqn) and casts:
       cast[eqn.outvars[0]] = cast[casts[0]]
+    elif is_view(eqn) and gathers:
+      gathered[eqn.outvars[0]] = gathered[gathers[0]]
+    elif eqn.primitive.name == "reshard" and ins:  # not a view: a gather
+      gathered[eqn.outvars[0]] = views[ins[0]]
     elif eqn.primitive.name == "convert_element_type" and ins:
       found.append(("cast", views[ins[0]], eqn.params["new_dtype"], eqn))
       cast[eqn.outvars[0]] = views[ins[0]]
     elif eqn.primitive.name == "dot_general":
       found += [("matmul", views[v], v.aval.dtype, None) for v in ins]
       found += [("copy", cast[v], cast[v].aval.dtype, None) for v in casts]
+      found += [("gathered" if _heads_behind(eqn, v) else "gathered read",
+                 gathered[v], gathered[v].aval.dtype, None) for v in gathers]
     if eqn.primitive.name in ("scan", "while"):
       continue  # another loop's slices are its own
     for sub, _, _ in calls(eqn, False):
@@ -555,7 +615,8 @@ def _slice_readers(body, outer: dict, found: list,
         pairs = [(a, b) for a, b in zip(sub.invars, eqn.invars)
                  if isinstance(b, jcore.Var)]
         _slice_readers(sub, {a: views[b] for a, b in pairs if b in views},
-                       found, {a: cast[b] for a, b in pairs if b in cast})
+                       found, {a: cast[b] for a, b in pairs if b in cast},
+                       {a: gathered[b] for a, b in pairs if b in gathered})
 
 
 def _minor_last(shape: tuple[int, ...]) -> bool:
@@ -579,10 +640,11 @@ def sliced_for_update(jaxpr) -> set:
 
 
 def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
-  """The hoisted-casts and transposed-weights rules for the loops of
-  `jaxpr`: {(stacked weight, dtype, rule): (first loop index, last loop
-  index, (fixed, linear) bytes)}, and the ids of the cast equations inside
-  the loops that the hoisted casts replace."""
+  """The hoisted-casts, transposed-weights, copied-cast-weights and
+  head-split-gathered-weights rules for the loops of `jaxpr`: {(stacked
+  weight, dtype, rule): (first loop index, last loop index, (fixed,
+  linear) bytes)}, and the ids of the cast equations inside the loops that
+  the hoisted casts replace."""
   stacks: dict = {}
   hoisted: set = set()
   sliced = sliced_for_update(jaxpr)
@@ -599,7 +661,12 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
     _slice_readers(body, outer, found)
     for rule, stack, dtype, cast in found:
       shape = shape_of(stack.aval, local)
-      if carries_batch(shape) or rule != "cast" and not (
+      if rule == "gathered read":  # a later loop that gathers the copy
+        key = (stack, np.dtype(dtype), "gathered")
+        if key in stacks:
+          stacks[key] = (stacks[key][0], i, stacks[key][2])
+        continue
+      if carries_batch(shape) or rule in ("matmul", "copy") and not (
           backward and stack in sliced and (rule == "copy"
                                             or _minor_last(shape))):
         continue  # activations; for a copy: a forward loop, a stack the
@@ -608,7 +675,8 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
       if cast is not None:
         hoisted.add(id(cast))
       key = (stack, np.dtype(dtype), rule)
-      first = stacks.get(key, (i,))[0] if rule == "cast" else i
+      first = (stacks.get(key, (i,))[0] if rule in ("cast", "gathered")
+               else i)
       stacks[key] = (first, i, (math.prod(shape) * np.dtype(dtype).itemsize,
                                 0))
   return stacks, hoisted
