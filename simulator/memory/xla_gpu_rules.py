@@ -124,6 +124,7 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax.numpy as jnp
@@ -314,6 +315,7 @@ def split_cost(dims: tuple[int, int, int, int], bits: tuple[int, int, int],
   return cost + launch + reduction
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_split(dims: tuple[int, int, int, int], bits: tuple[int, int, int],
                  sms: Sms) -> int:
   """ChooseSplitK: the cheapest split (the first of equal costs)."""
