@@ -18,7 +18,10 @@ heap simulator computes it over its schedule. Sizes are per device
 (`sharding.shard_shape`), split into fixed and batch-linear bytes by the
 probe batch (simulator.tracing.batch_probe), so the peak at any batch is the
 maximum over points of fixed + linear * scale, without retracing; only the
-points that can be that maximum for some batch are kept.
+points that can be that maximum for some batch are kept. On a GPU a matmul
+XLA splits along K adds bytes that follow the split it picks for the batch's
+shapes (xla_gpu_rules, split K): its points are kept and their bytes
+evaluated at each batch.
 """
 
 from __future__ import annotations
@@ -59,9 +62,10 @@ def _prune(points: list[tuple]) -> list[tuple]:
   * s for some s >= 0: the upper convex hull of (linear, fixed) from the
   largest fixed onwards; a point with split-K matmuls (its fifth item), not
   affine in the batch, is always kept."""
-  kept = [p for p in points if len(p) > 4 and p[4]]
-  if kept:
-    return kept + _prune([p for p in points if not (len(p) > 4 and p[4])])
+  split = lambda p: len(p) > 4 and p[4]
+  if any(map(split, points)):
+    return ([p for p in points if split(p)]
+            + _prune([p for p in points if not split(p)]))
   if len(points) <= 1:
     return points
   best: dict[int, tuple] = {}
@@ -245,7 +249,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
 
 class _Simulation:
   """One walk of a jaxpr and everything it calls. A point is (fixed, linear,
-  where, path): path indexes the equations from the top jaxpr down."""
+  where, path, splits): path indexes the equations from the top jaxpr down,
+  splits are the split-K matmuls there (`transient`)."""
 
   def __init__(self, gpu: bool = False,
                sms: xla_gpu_rules.Sms | None = None):
