@@ -34,3 +34,10 @@ def test_every_dot_gets_xlas_split():
   last = p.stdout.strip().splitlines()[-1]
   got, _, total = last.split(" dots")[0].partition(" of ")
   assert got == total and int(total) > 0, last
+
+
+def test_a_bad_corpus_row_is_refused():
+  p = _run("--corpus_rows=99")
+  assert p.returncode == 2, p.stderr[-2000:]
+  last = p.stderr.strip().splitlines()[-1]
+  assert last.startswith("error:") and "--corpus_rows='99'" in last

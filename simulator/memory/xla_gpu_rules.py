@@ -110,15 +110,16 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   f32[768,12576] (the gathered bf16 W dead) beside the
                   partials gemm_fusion_dot.131 f32[2,2048,768]. The cost
                   model replayed on the dots dumped before the pass picks
-                  XLA's split for all 216 dots of #0-#3, #7, #11, #12 (16
-                  split: small weight gradients, #1's d(h), #7's flash
-                  d(v) on an A100). Not modelled: XLA's DotMerger first
-                  merges small dots sharing an operand, which the rule
-                  reads apart: in #1 the forward q, k, v (2048 x 192 x
-                  768 apart, split 4: 6 MiB of partials each) are one
-                  2048 x 576 x 768 GEMM, not split; their weight
-                  gradients one split in 4 (6.75 MiB), apart split in 8
-                  (4.5 MiB each, one at a time).
+                  XLA's split for all 602 dots of the 19 GPU corpus rows
+                  (47 split: small weight gradients, #1's d(h), #7's
+                  flash d(v) on an A100; `python -m
+                  experiments.split_k_replay --corpus_rows=all`). Not
+                  modelled: XLA's DotMerger first merges small dots
+                  sharing an operand, which the rule reads apart: in #1
+                  the forward q, k, v (2048 x 192 x 768 apart, split 4: 6
+                  MiB of partials each) are one 2048 x 576 x 768 GEMM,
+                  not split; their weight gradients one split in 4 (6.75
+                  MiB), apart split in 8 (4.5 MiB each, one at a time).
 """
 
 from __future__ import annotations
