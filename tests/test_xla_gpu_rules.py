@@ -321,3 +321,15 @@ def test_a_split_without_padding_adds_the_partials_only():
   plain = liveness.simulate(j, 0, gpu=True).peak_at(2048, PROBE)[0]
   split = liveness.simulate(j, 0, gpu=True, sms=H100).peak_at(2048, PROBE)[0]
   assert split - plain == 4 * 768 * 768 * 4
+
+
+def test_a_batch_of_vector_dot_products_is_no_gemm_to_split():
+  """Row sums as a dot (the flash backward's bskgh,bskgh->bkgs): no split
+  point, while a matrix-vector product is the rewriter's to split."""
+  x = jax.ShapeDtypeStruct((PROBE, 64), jnp.float32)
+  rows = jax.make_jaxpr(lambda a, b: jnp.einsum("bh,bh->b", a, b))(x, x)
+  assert not liveness.simulate(rows, 0, gpu=True, sms=H100).splits
+  v = jax.ShapeDtypeStruct((8192,), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((8192, 64), jnp.bfloat16)
+  gemv = jax.make_jaxpr(lambda v, w: v @ w)(v, w)
+  assert liveness.simulate(gemv, 0, gpu=True, sms=H100).splits

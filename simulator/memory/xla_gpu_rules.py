@@ -379,21 +379,22 @@ def _bits_before_casts(v, producer: dict) -> int:
     v = ins[0]
 
 
-def split_matmul(eqn, local: bool, producer: dict, result, dying,
-                 sms: Sms) -> SplitMatmul | None:
-  """The split-K rule's view of a dot_general (None: not a float GEMM the
-  rewriter splits: an integer matmul, or a matrix-vector product, which
-  XLA's algebraic simplifier makes a multiply and a reduce)."""
+def split_matmul(eqn, local: bool, producer: dict, result: tuple[int, int],
+                 dying: tuple[int, int], sms: Sms) -> SplitMatmul | None:
+  """The split-K rule's view of a dot_general (None: no GEMM the rewriter
+  splits: an integer matmul (it skips s32), or a batch of vector dot
+  products, which XLA makes a multiply and a reduce: the flash backward's
+  row sums bskgh,bskgh->bkgs are no dot in any corpus dump)."""
   lhs, rhs = eqn.invars
   if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in (lhs, rhs)):
     return None
-  (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
+  (lc, _), (lb, _) = eqn.params["dimension_numbers"]
   ls, rs = xla_rules.shape_of(lhs.aval, local), xla_rules.shape_of(rhs.aval,
                                                                    local)
   b = math.prod(ls[d] for d in lb)
   k = math.prod(ls[d] for d in lc)
   m, n = math.prod(ls) // (b * k), math.prod(rs) // (b * k)
-  if m == 1 or n == 1:
+  if m == 1 and n == 1:
     return None
   out = np.dtype(eqn.outvars[0].aval.dtype).itemsize * 8
   bits = (_bits_before_casts(lhs, producer), _bits_before_casts(rhs, producer),

@@ -17,7 +17,14 @@ import dataclasses
 import math
 import re
 
+from typing import TYPE_CHECKING
+
 from simulator.memory import xla_gpu_rules
+
+if TYPE_CHECKING:
+  from meshes.topology import Topology
+  from models.config import ModelConfig
+  from simulator.settings import TrainSettings
 
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* ([\w\-]+)\((.*?)\)(.*)$")
@@ -136,9 +143,9 @@ def replay(before: str, after: str, sms: xla_gpu_rules.Sms
 PASS = "splitk-rewriter"
 
 
-def compile_and_replay(cfg, settings, topology, X: int, Y: int,
-                       dump_dir: str) -> tuple[list[tuple[Dot, int]],
-                                               collections.Counter]:
+def compile_and_replay(cfg: "ModelConfig", settings: "TrainSettings",
+                       topology: "Topology", X: int, Y: int, dump_dir: str
+                       ) -> tuple[list[tuple[Dot, int]], collections.Counter]:
   """Compiles the train step for the GPU `topology` (a Topology) with the
   module dumped around the split-K rewriter into `dump_dir`, and replays
   the rule on it (`replay`)."""
