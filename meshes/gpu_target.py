@@ -13,6 +13,7 @@ the only local backend. TEXT comes from XLA's own specs, kept in
 from __future__ import annotations
 
 import pathlib
+import re
 
 from meshes.quiet import native_stderr_quiet
 from meshes.topology import Topology
@@ -50,3 +51,15 @@ def devices(topology: Topology) -> list:
     raise ValueError(f"the CUDA plugin describes {topology.name} as {len(out)} "
                      f"devices for {topology.chips} GPUs")
   return out
+
+
+def sm_count_and_major(chip_name: str) -> tuple[int, int]:
+  """(SMs, compute capability major) of `chip_name`, read off its target
+  config: what XLA:GPU's cost models (the split-K rewriter's) see of it."""
+  text = target_config(chip_name)
+  cores = re.search(r"\bcore_count:\s*(\d+)", text)
+  major = re.search(r"cuda_compute_capability\s*{\s*major:\s*(\d+)", text)
+  if not cores or not major:
+    raise ValueError(f"{SPECS[chip_name]} names no core_count or "
+                     f"cuda_compute_capability major")
+  return int(cores.group(1)), int(major.group(1))

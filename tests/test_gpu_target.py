@@ -24,6 +24,13 @@ def test_target_configs_are_xlas_less_the_unknown_field(chip, name, memory):
   assert "collective_memory_granularity:" not in text
 
 
+@pytest.mark.parametrize("chip,sms", [("h100-sxm", (132, 9)),
+                                      ("h200", (132, 9)),
+                                      ("a100-80gb", (108, 8))])
+def test_the_split_k_cost_model_reads_sms_and_generation(chip, sms):
+  assert gpu_target.sm_count_and_major(chip) == sms
+
+
 def test_two_hosts_of_eight():
   devices = gpu_target.devices(parse_topology("h100:2x8"))
   assert [d.process_index for d in devices] == [0] * 8 + [1] * 8

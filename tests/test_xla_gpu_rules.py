@@ -232,3 +232,104 @@ def test_the_rules_follow_the_plans_chip(topology):
                              plan_mesh(parse_topology(topology), 4, 2))
   orders = set(est.points.order)
   assert ("late" in orders) == topology.startswith("h100")
+
+
+H100, A100 = xla_gpu_rules.Sms(132, 9), xla_gpu_rules.Sms(108, 8)
+
+
+@pytest.mark.parametrize("dims,bits,sms,split", [
+    # (b, m, n, k), (lhs, rhs, result bits): XLA's split, read off the
+    # dumps of the splitk-rewriter pass (xla_dump_hlo_pass_re)
+    ((1, 2048, 768, 12565), (32, 16, 32), H100, 2),  # #1 loss d(h)
+    ((1, 2048, 12565, 768), (16, 16, 32), H100, 1),  # #1 logits
+    ((1, 12565, 768, 2048), (32, 32, 32), H100, 1),  # #1 d(embedding)
+    ((1, 768, 768, 2048), (16, 16, 16), H100, 4),  # #1 d(wi)
+    ((1, 768, 192, 2048), (16, 16, 16), H100, 8),  # #1 d(o)
+    ((1, 768, 768, 4096), (16, 16, 16), H100, 4),  # #0 d(o)
+    ((12, 512, 512, 64), (16, 16, 32), H100, 1),  # #1 flash scores
+    ((8, 64, 512, 14336), (16, 16, 16), A100, 8),  # #7 flash d(v)
+    ((1, 896, 896, 8192), (16, 16, 16), A100, 2),  # #7 d(o)
+])
+def test_the_split_k_cost_model_picks_xlas_split(dims, bits, sms, split):
+  assert xla_gpu_rules.choose_split(dims, bits, sms) == split
+
+
+def test_k_is_padded_to_the_split_times_16_bytes_of_the_narrower_operand():
+  """#1's loss d(h): f32 d(logits) by a bf16 weight cast to f32, K 12565
+  split in 2: padded to 12576 (loop_pad_fusion f32[2048,12576])."""
+  assert xla_gpu_rules.padded_k(12565, 2, (32, 16, 32)) == 12576
+  assert xla_gpu_rules.padded_k(12565, 2, (32, 32, 32)) == 12568
+  assert xla_gpu_rules.padded_k(2048, 4, (16, 16, 16)) == 2048
+
+
+def _loss_backward(d, w_bf16):
+  """d(h) = d(logits) . W with the weight gathered in bf16 and cast."""
+  return d @ w_bf16.astype(jnp.float32).T
+
+
+def _split_peak(tokens: int, sms) -> int:
+  d = jax.ShapeDtypeStruct((PROBE, 12565), jnp.float32)
+  w = jax.ShapeDtypeStruct((768, 12565), jnp.bfloat16)
+  points = liveness.simulate(jax.make_jaxpr(_loss_backward)(d, w), 0,
+                             gpu=True, sms=sms)
+  return points.peak_at(tokens, PROBE)[0]
+
+
+def test_a_split_matmul_holds_padded_operands_and_partials_on_a_gpu():
+  """At 2048 tokens XLA splits K in 2 and pads it to 12576: the padded f32
+  d(logits) and weight and the f32 partials [2, 2048, 768] are live at the
+  GEMM (the arguments held by the caller), then the partials and the
+  result at the reduce."""
+  tokens, k = 2048, 12576
+  result = tokens * 768 * 4
+  assert _split_peak(tokens, None) == result  # the cast fused into the GEMM
+  pads, partials = (tokens + 768) * k * 4, 2 * tokens * 768 * 4
+  assert _split_peak(tokens, H100) == pads + partials
+
+
+def test_a_buffer_only_the_split_matmul_reads_dies_at_its_pad():
+  """A weight made in the step (a sum of two halves cast to f32, a buffer
+  of its own, as the gathered weight of #1) read by the matmul alone: its
+  padded copy replaces it."""
+  def fn(d, halves):
+    return d @ halves.sum(0).astype(jnp.float32).T
+  d = jax.ShapeDtypeStruct((PROBE, 12565), jnp.float32)
+  halves = jax.ShapeDtypeStruct((2, 768, 12565), jnp.bfloat16)
+  j = jax.make_jaxpr(fn)(d, halves)
+  plain = liveness.simulate(j, 0, gpu=True).peak_at(2048, PROBE)[0]
+  split = liveness.simulate(j, 0, gpu=True, sms=H100).peak_at(2048, PROBE)[0]
+  weight = 768 * 12565 * 4  # the sum, cast to f32: one buffer
+  assert plain == weight + 2048 * 768 * 4
+  # both operands f32 before their casts: K padded to 2 x 4 elements
+  assert split == (2048 + 768) * 12568 * 4 + 2 * 2048 * 768 * 4
+
+
+def test_the_split_follows_the_batch():
+  """At 64 k tokens the GEMM has tiles enough for every SM: no split, no
+  padded copies."""
+  tokens = 65536
+  assert xla_gpu_rules.choose_split((1, tokens, 768, 12565), (32, 16, 32),
+                                    H100) == 1
+  assert _split_peak(tokens, H100) == _split_peak(tokens, None)
+
+
+def test_a_split_without_padding_adds_the_partials_only():
+  """A weight gradient of 2048 tokens, K divisible: s f32 partials beside
+  the result, nothing padded."""
+  x = jax.ShapeDtypeStruct((PROBE, 768), jnp.bfloat16)
+  j = jax.make_jaxpr(lambda x, dy: x.T @ dy)(x, x)
+  plain = liveness.simulate(j, 0, gpu=True).peak_at(2048, PROBE)[0]
+  split = liveness.simulate(j, 0, gpu=True, sms=H100).peak_at(2048, PROBE)[0]
+  assert split - plain == 4 * 768 * 768 * 4
+
+
+def test_a_batch_of_vector_dot_products_is_no_gemm_to_split():
+  """Row sums as a dot (the flash backward's bskgh,bskgh->bkgs): no split
+  point, while a matrix-vector product is the rewriter's to split."""
+  x = jax.ShapeDtypeStruct((PROBE, 64), jnp.float32)
+  rows = jax.make_jaxpr(lambda a, b: jnp.einsum("bh,bh->b", a, b))(x, x)
+  assert not liveness.simulate(rows, 0, gpu=True, sms=H100).splits
+  v = jax.ShapeDtypeStruct((8192,), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((8192, 64), jnp.bfloat16)
+  gemv = jax.make_jaxpr(lambda v, w: v @ w)(v, w)
+  assert liveness.simulate(gemv, 0, gpu=True, sms=H100).splits

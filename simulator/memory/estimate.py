@@ -49,11 +49,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from meshes import gpu_target
 from meshes.layout import MeshPlan, abstract_mesh
 from models import scopes
 from models.config import ModelConfig
 from simulator.tracing.batch_probe import carries_batch, require_probe, rescale
-from simulator.memory import capacity, liveness, schedule, xla_rules
+from simulator.memory import (capacity, liveness, schedule, xla_gpu_rules,
+                              xla_rules)
 from simulator.memory.tiling import tpu_tiled_bytes
 from simulator.settings import TrainSettings
 from simulator.step import (HOST as PINNED, device_bytes, device_shape,
@@ -272,8 +274,10 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   tensors = _state_tensors(traced, tiled) + _saved_tensors(traced.residuals)
   donated = len(jax.tree.leaves(step.params)) + len(
       jax.tree.leaves(step.opt_state))
-  points = liveness.simulate(traced.jaxpr, donated,
-                            gpu=plan.topology.chip.kind == "gpu")
+  gpu = plan.topology.chip.kind == "gpu"
+  sms = (xla_gpu_rules.Sms(*gpu_target.sm_count_and_major(
+      plan.topology.chip.name)) if gpu else None)
+  points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms)
   rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
           else None)
   return dataclasses.replace(
@@ -357,6 +361,12 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
     live.append(Contributor(buf.where, rescale(buf.shape, batch,
                                                 traced_batch),
                             buf.dtype, b, category))
+  split = points.split_bytes(batch, traced_batch).get(index, 0)
+  if split:  # the split-K rule's partials and padded operands, net
+    at_peak["temporaries"] += split
+    live.append(Contributor(f"{points.where[index]}: split-K partials and "
+                            "padded operands (net)", (), "float32", split,
+                            "temporaries"))
   comparable = arguments + transient
   totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
   totals["peak"] = peak = comparable + totals["overhead"]
@@ -385,10 +395,13 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
 def largest_batch(estimate: MemoryEstimate, cap_bytes: int, step: int,
                   limit: int = 1 << 40) -> int:
   """The largest global batch, a multiple of `step`, whose compiler-
-  comparable peak is at most `cap_bytes` (0: not even `step` fits). Exact:
-  every program point's live bytes are affine in the batch, so the peak is
-  their maximum, nondecreasing in the batch; a bisection over
-  `comparable_peak_at`, no compile."""
+  comparable peak is at most `cap_bytes` (0: not even `step` fits). Exact
+  on a TPU: every program point's live bytes are affine in the batch, so
+  the peak is their maximum, nondecreasing in the batch; a bisection over
+  `comparable_peak_at`, no compile. On a GPU a split matmul's partials and
+  padded operands (xla_gpu_rules, split K) follow the split XLA picks for
+  the batch's shapes, which can shrink as the batch grows: the bisection
+  still takes the peak as nondecreasing."""
   fits = lambda n: estimate.comparable_peak_at(n * step) <= cap_bytes
   if not fits(1):
     return 0

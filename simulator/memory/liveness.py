@@ -18,7 +18,10 @@ heap simulator computes it over its schedule. Sizes are per device
 (`sharding.shard_shape`), split into fixed and batch-linear bytes by the
 probe batch (simulator.tracing.batch_probe), so the peak at any batch is the
 maximum over points of fixed + linear * scale, without retracing; only the
-points that can be that maximum for some batch are kept.
+points that can be that maximum for some batch are kept. On a GPU a matmul
+XLA splits along K adds bytes that follow the split it picks for the batch's
+shapes (xla_gpu_rules, split K): its points are kept and their bytes
+evaluated at each batch.
 """
 
 from __future__ import annotations
@@ -57,7 +60,12 @@ def _sub(a: Bytes, b: Bytes) -> Bytes:
 def _prune(points: list[tuple]) -> list[tuple]:
   """The points (fixed, linear, ...) that are the maximum of fixed + linear
   * s for some s >= 0: the upper convex hull of (linear, fixed) from the
-  largest fixed onwards."""
+  largest fixed onwards; a point with split-K matmuls (its fifth item), not
+  affine in the batch, is always kept."""
+  split = lambda p: len(p) > 4 and p[4]
+  if any(map(split, points)):
+    return ([p for p in points if split(p)]
+            + _prune([p for p in points if not split(p)]))
   if len(points) <= 1:
     return points
   best: dict[int, tuple] = {}
@@ -114,11 +122,12 @@ class _Plan:
   stacks: dict
   reads: dict  # equation index -> the buffers its fusion reads
   dead: set  # ids of the equations the dead-code rule removes
+  splits: dict  # equation index -> its xla_gpu_rules.SplitMatmul
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
-          stacks: dict, held: dict | None = None, gpu: bool = False
-          ) -> _Plan:
+          stacks: dict, held: dict | None = None, gpu: bool = False,
+          sms: xla_gpu_rules.Sms | None = None) -> _Plan:
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -224,15 +233,30 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   for v, i in last.items():
     if v in size and v not in taken and size[v] != (0, 0):
       frees.setdefault(i, []).append(v)
-  return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead)
+  splits: dict = {}  # the split-K rule (xla_gpu_rules)
+  for i, eqn in enumerate(eqns):
+    if sms is None or eqn.primitive.name != "dot_general" or id(eqn) in dead:
+      continue
+    dying = (0, 0)
+    for u in reads[i]:
+      if u in size and last.get(u) == i and u not in taken:
+        dying = _add(dying, size[u])
+    split = xla_gpu_rules.split_matmul(eqn, local, producer,
+                                       size[eqn.outvars[0]], dying, sms)
+    if split is not None:
+      splits[i] = split
+  return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits)
 
 
 class _Simulation:
   """One walk of a jaxpr and everything it calls. A point is (fixed, linear,
-  where, path): path indexes the equations from the top jaxpr down."""
+  where, path, splits): path indexes the equations from the top jaxpr down,
+  splits are the split-K matmuls there (`transient`)."""
 
-  def __init__(self, gpu: bool = False):
+  def __init__(self, gpu: bool = False,
+               sms: xla_gpu_rules.Sms | None = None):
     self.gpu = gpu  # the target is a GPU: xla_gpu_rules apply
+    self.sms = sms  # its SMs: the split-K rule applies (GPU only)
     self.top = None  # id of the step's own jaxpr (simulate sets it)
     self.results: tuple = ()  # its outputs other than the new state
     self.plans: dict = {}
@@ -257,7 +281,8 @@ class _Simulation:
       stacks, hoisted = xla_gpu_rules.weight_stacks(jaxpr, local, self.gpu)
       self.hoisted |= hoisted
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
-                              stacks, held, self.gpu)
+                              stacks, held, self.gpu,
+                              self.sms if self.gpu else None)
     return self.plans[key]
 
   @staticmethod
@@ -294,7 +319,9 @@ class _Simulation:
     """Live bytes of the values `jaxpr` makes, at each of its points that
     can be its peak (every equation's, unless `prune`), not counting its
     inputs (the caller holds them) nor the outputs in `in_place_out`
-    (written into the caller's buffers)."""
+    (written into the caller's buffers). A point is (fixed, linear, where,
+    path, splits): `splits`, the split-K matmuls whose batch-dependent bytes
+    (xla_gpu_rules.SplitMatmul.extra) add to it."""
     plan = self.plan(jaxpr, local, in_place_out, order)
     if id(plan) in self.points:
       return self.points[id(plan)]
@@ -308,14 +335,15 @@ class _Simulation:
       inner = []
       calls = [] if id(eqn) in plan.dead else xla_rules.calls(eqn, local)
       for k, (sub, sub_local, in_place) in enumerate(calls):
-        inner += [(f, l, w, (k, *path)) for f, l, w, path in
+        inner += [(f, l, w, (k, *path), s) for f, l, w, path, s in
                   self.transient(sub, sub_local, in_place)]
       where = _where(eqn)
       if inner:
-        points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path))
-                   for f, l, w, path in _prune(inner)]
+        points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path), s)
+                   for f, l, w, path, s in _prune(inner)]
       else:
-        points.append((*at, where, (i,)))
+        split = plan.splits.get(i)
+        points.append((*at, where, (i,), (split,) if split else ()))
     result = _prune(points) if prune else points
     self.points[id(plan)] = result
     return result
@@ -413,6 +441,8 @@ class Points:
   part: np.ndarray  # each point's index into `parts`
   parts: tuple[str, ...]  # the step's parts: top-level pass and scope
   order: tuple[str, ...]  # per point: its schedule of weight gradients
+  # per point with any: the split-K matmuls there (xla_gpu_rules)
+  splits: dict[int, tuple]
   _sim: _Simulation = dataclasses.field(repr=False, compare=False)
   _jaxpr: object = dataclasses.field(repr=False, compare=False)
   _in_place: tuple = dataclasses.field(repr=False, compare=False)
@@ -422,9 +452,23 @@ class Points:
   def at(self, num: int, den: int) -> np.ndarray:
     """Every point's bytes at batch scale num/den: fixed + floor(linear *
     num / den), exact in int64 (linear at the probe batch times a large
-    batch overflows it: llama2_70b b1024, 9.05e15 * 1024)."""
-    return (self.fixed + self.linear // den * num
-            + self.linear % den * num // den)
+    batch overflows it: llama2_70b b1024, 9.05e15 * 1024); with the
+    split-K rule's bytes at that batch where a matmul is split."""
+    out = (self.fixed + self.linear // den * num
+           + self.linear % den * num // den)
+    for i, extra in self.split_bytes(num, den).items():
+      out[i] += extra
+    return out
+
+  def split_bytes(self, num: int, den: int) -> dict[int, int]:
+    """{point: bytes the split-K rule adds there} at batch scale num/den
+    (the points where XLA splits a matmul at that batch)."""
+    out = {}
+    for i, splits in self.splits.items():
+      extra = sum(s.extra(num, den) for s in splits)
+      if extra:
+        out[i] = extra
+    return out
 
   def peak_at(self, num: int, den: int) -> tuple[int, int]:
     """(bytes, point index) of the largest point at batch scale num/den."""
@@ -458,16 +502,18 @@ ORDER_NOTES = {"traced": "weight gradients in traced order",
                "late": "weight gradients in traced order, collectives late"}
 
 
-def simulate(jaxpr, donated_outputs: int, gpu: bool = False) -> Points:
+def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
+             sms: xla_gpu_rules.Sms | None = None) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
   outputs are written into donated argument buffers; `gpu`: compiled for a
-  GPU (simulator.memory.xla_gpu_rules). The step's own weight
+  GPU (simulator.memory.xla_gpu_rules), `sms` its SMs (the split-K rule;
+  None: not applied). The step's own weight
   gradients (the output projection's) are simulated deferred and in the
   traced order (on a GPU also with their collectives late: xla_gpu_rules),
   and the points of each kept, so the peak is the largest of the schedules
   XLA is seen to pick (xla_rules: deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  sim = _Simulation(gpu)
+  sim = _Simulation(gpu, sms)
   sim.top = id(jaxpr)
   sim.results = tuple(jaxpr.outvars[donated_outputs:])
   in_place = tuple(xla_rules.donated_in_place(
@@ -476,8 +522,8 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False) -> Points:
   order = ["deferred"] * len(points)
   if xla_rules.defer_weight_grads(jaxpr, results=sim.results) is not jaxpr:
     for other in ORDERS[1:] if gpu else ORDERS[1:2]:
-      more = [(f, l, f"{w} ({ORDER_NOTES[other]})", path)
-              for f, l, w, path in sim.transient(
+      more = [(f, l, f"{w} ({ORDER_NOTES[other]})", path, s)
+              for f, l, w, path, s in sim.transient(
                   jaxpr, in_place_out=in_place, prune=False, order=other)]
       points += more
       order += [other] * len(more)
@@ -487,7 +533,9 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False) -> Points:
                 np.array([p[1] for p in points], dtype=np.int64),
                 tuple(p[2] for p in points), tuple(p[3] for p in points),
                 np.array([parts.index(n) for n in names], dtype=np.int64),
-                parts, tuple(order), sim, jaxpr, in_place)
+                parts, tuple(order),
+                {i: p[4] for i, p in enumerate(points) if p[4]},
+                sim, jaxpr, in_place)
 
 
 def _part(where: str) -> str:

@@ -87,16 +87,52 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   peak): the traced order with each such matmul where it
                   is and what is made from it alone (its reduce-scatter,
                   the sum into the update) as late as its readers allow.
+  split K         XLA:GPU's SplitkRewriter (xla/backends/gpu/transforms/
+                  splitk_rewriter.cc; the CUDA plugin 0.10.2 is XLA
+                  5a9e73cb, jax's third_party/xla/revision.bzl at jaxlib's
+                  git hash, and holds the pass and its nine cost weights)
+                  runs in hlo_normalization, after the gemv rewriter and
+                  before the Triton GEMM rewriter, on every dot: it splits
+                  the contracting dim K into s chunks by a cost model
+                  (ChooseSplitK: s of 1, 2, ..., 2048, the cheapest of
+                  128x128-tile waves over the SMs, bytes moved, and a
+                  reduction's launch and bytes). The GEMM writes f32
+                  partials [s, M, N] and a reduce sums them; where s x 16
+                  bytes of the narrower operand (before its casts) does
+                  not divide K, both operands are padded copies in the
+                  GEMM's dtype (GetPaddedK), and what only the matmul read
+                  dies at its pad. An HLO pass, not autotuning (the Triton
+                  autotuner refuses split_k > 1 in this XLA): a real GPU
+                  of the same SMs runs the same split. In gpt2 h100:2x8 4x4
+                  (#1) the loss's d(h) = d(logits) . W (M 2048, N 768, K
+                  12565) is split in 2 and K padded to 12576: at XLA's peak
+                  loop_pad_fusion f32[2048,12576] and loop_pad_fusion.1
+                  f32[768,12576] (the gathered bf16 W dead) beside the
+                  partials gemm_fusion_dot.131 f32[2,2048,768]. The cost
+                  model replayed on the dots dumped before the pass picks
+                  XLA's split for all 602 dots of the 19 GPU corpus rows
+                  (47 split: small weight gradients, #1's d(h), #7's
+                  flash d(v) on an A100; `python -m
+                  experiments.split_k_replay --corpus_rows=all`). Not
+                  modelled: XLA's DotMerger first merges small dots
+                  sharing an operand, which the rule reads apart: in #1
+                  the forward q, k, v (2048 x 192 x 768 apart, split 4: 6
+                  MiB of partials each) are one 2048 x 576 x 768 GEMM,
+                  not split; their weight gradients one split in 4 (6.75
+                  MiB), apart split in 8 (4.5 MiB each, one at a time).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-from simulator.tracing.batch_probe import carries_batch
+from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator.memory import xla_rules
 from simulator.tracing.program import subjaxprs
 from simulator.tracing.trace import made_by_backward, spec_of
@@ -239,3 +275,136 @@ def defer_step_weight_grads(jaxpr):
   gradient matmuls and reductions, and what is made from them alone, as
   late as their readers allow (the deferred-scale-gradients rule)."""
   return xla_rules.defer_weight_grads(jaxpr, also=weight_gradient_reduction)
+
+
+# --------------------------------------------------------------------------
+# Split K (XLA's SplitkRewriter cost model, splitk_rewriter.cc).
+# --------------------------------------------------------------------------
+
+_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+_TILE = 128  # kMTileSize = kNTileSize
+_ACC_BYTES = 4  # GetGemmAccumulatorType: f32 for f32, bf16 and f16 GEMMs
+
+
+@dataclasses.dataclass(frozen=True)
+class Sms:
+  """A GPU as XLA's split-K cost model sees it (meshes.gpu_target)."""
+
+  cores: int  # SMs: DeviceDescription::core_count
+  major: int  # CUDA compute capability major
+
+  def weights(self) -> tuple[float, float, float, float]:
+    """GetCostWeights: compute, memory, reduction memory, reduction launch."""
+    if self.major >= 10:  # Blackwell
+      return (100.0, 0.0848863, 189.711, 1.21563e+08)
+    if self.major >= 9:  # Hopper
+      return (100.0, 0.194136, 193.1384, 4.36e+07)
+    return (100.0, 0.0666955, 467.815, 5.65307e+07)
+
+
+def split_cost(dims: tuple[int, int, int, int], bits: tuple[int, int, int],
+               split: int, sms: Sms) -> float:
+  """EstimateGemmCostAfterSplitK for a [b, m, k] x [b, k, n] matmul with
+  operand and result element bits `bits` (lhs, rhs, out)."""
+  b, m, n, k = dims
+  lhs, rhs, out = bits
+  compute_w, memory_w, reduce_w, launch = sms.weights()
+  batch = b * split
+  mt, nt = min(m, _TILE), min(n, _TILE)
+  tiles = batch * -(-m // _TILE) * -(-n // _TILE)
+  waves = max(1.0, tiles / (sms.cores * _TILE * _TILE / (mt * nt)))
+  compute = 2.0 * mt * nt * -(-k // split) * waves * compute_w
+  written = m * n * batch * (_ACC_BYTES * 8 if split > 1 else out) / 8
+  memory = (m * k * b * lhs / 8 + n * k * b * rhs / 8 + written) * memory_w
+  cost = max(compute, memory)
+  if split == 1:
+    return cost
+  reduction = (batch * m * n * _ACC_BYTES + b * m * n * out / 8) * reduce_w
+  return cost + launch + reduction
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_split(dims: tuple[int, int, int, int], bits: tuple[int, int, int],
+                 sms: Sms) -> int:
+  """ChooseSplitK: the cheapest split (the first of equal costs)."""
+  costs = [split_cost(dims, bits, s, sms) for s in _SPLITS]
+  return _SPLITS[costs.index(min(costs))]
+
+
+def padded_k(k: int, split: int, bits: tuple[int, int, int]) -> int:
+  """GetPaddedK: K rounded up to a multiple of split x 16 bytes of the
+  narrower operand."""
+  step = split * 128 // min(128, bits[0], bits[1])
+  return -(-k // step) * step
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitMatmul:
+  """One matmul as the split-K rule reads it, at the traced batch: its
+  bytes beyond its result depend on the split, which depends on the batch
+  (M or K carries it), so they are evaluated at each batch (`extra`)."""
+
+  dims: tuple[int, int, int, int]  # b, m, n, k per device (probe batch)
+  bits: tuple[int, int, int]  # lhs, rhs (before their casts), result
+  operand_bytes: int  # itemsize of the operands as the GEMM reads them
+  result: tuple[int, int]  # the result's buffer (fixed, linear)
+  dying: tuple[int, int]  # buffers only the matmul still reads
+  sms: Sms
+
+  def split_at(self, num: int, den: int) -> tuple[tuple[int, ...], int]:
+    """(b, m, n, k) at batch scale num/den and the split XLA picks."""
+    dims = tuple(d * num // den if d % PROBE == 0 else d for d in self.dims)
+    return dims, choose_split(dims, self.bits, self.sms)
+
+  def extra(self, num: int, den: int) -> int:
+    """Bytes live at the matmul beyond its result: the f32 partials, with
+    the padded operand copies in place of the dying buffers while the GEMM
+    runs, the result beside the partials while the reduce runs."""
+    (b, m, n, k), split = self.split_at(num, den)
+    if split == 1:
+      return 0
+    partials = split * b * m * n * _ACC_BYTES
+    padded = padded_k(k, split, self.bits)
+    if padded == k:
+      return partials
+    at = lambda x: x[0] + x[1] * num // den
+    pads = (b * m + b * n) * padded * self.operand_bytes
+    return max(pads - at(self.dying) + partials,
+               partials + at(self.result)) - at(self.result)
+
+
+def _bits_before_casts(v, producer: dict) -> int:
+  """An operand's element bits through the one-input elementwise ops that
+  make it (GetDotDimensions' get_side_size: what the GEMM fuses in) and
+  its transposes (XLA's TransposeFolding takes them into the dot first)."""
+  while True:
+    eqn = producer.get(v)
+    ins = [u for u in eqn.invars if isinstance(u, jcore.Var)] if eqn else []
+    if not (eqn and len(eqn.invars) == 1 and ins and (
+        xla_rules.elementwise(eqn) or eqn.primitive.name == "transpose")):
+      return np.dtype(v.aval.dtype).itemsize * 8
+    v = ins[0]
+
+
+def split_matmul(eqn, local: bool, producer: dict, result: tuple[int, int],
+                 dying: tuple[int, int], sms: Sms) -> SplitMatmul | None:
+  """The split-K rule's view of a dot_general (None: no GEMM the rewriter
+  splits: an integer matmul (it skips s32), or a batch of vector dot
+  products, which XLA makes a multiply and a reduce: the flash backward's
+  row sums bskgh,bskgh->bkgs are no dot in any corpus dump)."""
+  lhs, rhs = eqn.invars
+  if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in (lhs, rhs)):
+    return None
+  (lc, _), (lb, _) = eqn.params["dimension_numbers"]
+  ls, rs = xla_rules.shape_of(lhs.aval, local), xla_rules.shape_of(rhs.aval,
+                                                                   local)
+  b = math.prod(ls[d] for d in lb)
+  k = math.prod(ls[d] for d in lc)
+  m, n = math.prod(ls) // (b * k), math.prod(rs) // (b * k)
+  if m == 1 and n == 1:
+    return None
+  out = np.dtype(eqn.outvars[0].aval.dtype).itemsize * 8
+  bits = (_bits_before_casts(lhs, producer), _bits_before_casts(rhs, producer),
+          out)
+  width = max(np.dtype(v.aval.dtype).itemsize for v in (lhs, rhs))
+  return SplitMatmul((b, m, n, k), bits, width, result, dying, sms)

@@ -192,20 +192,23 @@ class Compiled:
 
 def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                  progress: Progress | None = None, label: str = "",
-                 dump_dir: str | None = None) -> Compiled:
+                 dump_dir: str | None = None, dump_passes: str = "^$"
+                 ) -> Compiled:
   """Builds, lowers and compiles the train step on `mesh` (a real Mesh).
 
   On TPU and GPU the compiler dumps the optimized module, its buffer
-  assignment and live ranges into `dump_dir` (a temporary directory if None).
+  assignment and live ranges into `dump_dir` (a temporary directory if None),
+  and the module before and after each pass `dump_passes` matches.
   """
   step = build_step(cfg, settings, mesh)
   return compile_fn(step, step.fn, step.args, (0, 1), mesh, progress, label,
-                    dump_dir)
+                    dump_dir, dump_passes)
 
 
 def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
                progress: Progress | None = None, label: str = "",
-               dump_dir: str | None = None) -> Compiled:
+               dump_dir: str | None = None, dump_passes: str = "^$"
+               ) -> Compiled:
   """Lowers and compiles any step function `fn(*args)` on `mesh` (a real
   Mesh), the arguments in `donate` donated; `step` is kept beside it (the
   train step, or a serving step of simulator.serve_step)."""
@@ -222,7 +225,8 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
     compiled = lowered.compile(
         compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
-                          "xla_dump_hlo_pass_re": "^$"} if dumps else None)
+                          "xla_dump_hlo_pass_re": dump_passes}
+        if dumps else None)
     seconds = time.perf_counter() - t0
     hlo_text = _optimized_hlo(compiled, dump, module)
     peak = xla_peak.read_peak(dump, module) if dumps else None
@@ -330,22 +334,23 @@ def report(c: Compiled, target: str) -> CompiledReport:
 
 def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
                    X: int, Y: int, progress: Progress | None = _stderr,
-                   execute_steps: int = 0, dump_dir: str | None = None
-                   ) -> CompiledReport:
+                   execute_steps: int = 0, dump_dir: str | None = None,
+                   dump_passes: str = "^$") -> CompiledReport:
   """Compiles for target (TPU topology name, "cpu" or "gpu") and reads the figures.
 
   execute_steps > 0 on a GPU (or CPU fake devices, where it checks that the
   step runs; the CPU keeps no memory_stats) also runs that many steps (see
   `run_steps`);
   dump_dir keeps the TPU compiler's dumps (module, buffer assignment, live
-  ranges) there.
+  ranges) there, with the module before and after each pass `dump_passes`
+  matches.
   """
   label = f"[{cfg.name} {target} {X}x{Y}] "
   if progress:
     progress(f"{label}building and lowering the train step ...")
   c = compile_step(cfg, settings, make_mesh(target, X, Y, settings.pp),
                    progress, label,
-                   dump_dir)
+                   dump_dir, dump_passes)
   rep = report(c, target)
   if execute_steps and target in ("gpu", "cpu"):
     rep.measured = run_steps(c, execute_steps)
