@@ -8,11 +8,14 @@ prints the wall time, the number of traces, and the per-config evaluation time,
 in-process without a cache and with a warm one (simulator.cache); then the
 same sweep as a user runs it (`python -m experiments.mesh_sweep --top_k=0`, the
 whole process), from an empty cache and again warm; each against issue 15's
-targets (met or not met).
+targets (met or not met). `--records=FILE` keeps the in-process records
+(one JSON line each, its evaluation time left out): two checkouts' files are
+the same byte for byte when a change leaves every result as it was.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +51,9 @@ def define_flags() -> None:
   flags.DEFINE_bool("check_classes", False,
                     "also trace every mesh and say whether the records equal "
                     "those read off one trace per class")
+  flags.DEFINE_string("records", None, "write the in-process records here, "
+                      "one JSON line each (eval_s left out), to compare "
+                      "checkouts")
 
 
 def bench(spec, cache_dir: str | None = None, share_traces: bool = True
@@ -88,6 +94,10 @@ def main(argv) -> None:
         f"{r['slowest_config_ms']:.0f} ms: a config that traces)", flush=True)
   _target("in-process, no cache", r["per_config_ms"], TARGETS["per_config_ms"],
           "ms per config")
+  if FLAGS.records:
+    with open(FLAGS.records, "w") as f:
+      f.writelines(json.dumps(rec, sort_keys=True) + "\n"
+                   for rec in r["records"])
   if FLAGS.check_classes:
     every = bench(spec, share_traces=False)
     print(f"every mesh traced: {every['traces']} traces, "
