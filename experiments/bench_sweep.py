@@ -70,6 +70,8 @@ def bench(spec, cache_dir: str | None = None, share_traces: bool = True
                       for r in records],
           "configs": len(records), "ok": len(ok), "failed": len(records) - len(ok),
           "traces": sweep.traces, "read_off": sweep.read_off,
+          "trace_s": sweep.seconds["trace"],
+          "estimate_s": sweep.seconds["estimate"],
           "total_s": total,
           "per_config_ms": 1e3 * total / len(records),
           "slowest_config_ms": 1e3 * max(r["eval_s"] for r in records),
@@ -92,6 +94,10 @@ def main(argv) -> None:
         f"trace), {r['total_s']:.2f} s total; {r['per_config_ms']:.1f} ms per "
         f"config (median {r['median_config_ms']:.2f} ms, slowest "
         f"{r['slowest_config_ms']:.0f} ms: a config that traces)", flush=True)
+  print(f"  of which tracing {r['trace_s']:.2f} s, the {r['traces'] + r['read_off']}"
+        f" groups' program walks and heap simulations {r['estimate_s']:.2f} "
+        f"s, the rest (each batch read off its group, records) "
+        f"{r['total_s'] - r['trace_s'] - r['estimate_s']:.2f} s", flush=True)
   _target("in-process, no cache", r["per_config_ms"], TARGETS["per_config_ms"],
           "ms per config")
   if FLAGS.records:
