@@ -293,8 +293,8 @@ def run(main: Callable[[list[str]], None]) -> None:
   The process is short-lived, so the cyclic GC is kept off what lives as
   long as it (gc.freeze): the modules imported before `main` (jax, flax),
   which every full collection would scan again, and, once `main` returns,
-  everything left, which the exit frees without a last full collection (a
-  sweep's: a few tenths of a second; README "Benchmarks")."""
+  everything left, which the exit frees without a last full collection
+  (the sweep's figures: README "Benchmarks")."""
 
   def guarded(argv):
     if len(argv) > 1:
