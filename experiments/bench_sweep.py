@@ -8,11 +8,14 @@ prints the wall time, the number of traces, and the per-config evaluation time,
 in-process without a cache and with a warm one (simulator.cache); then the
 same sweep as a user runs it (`python -m experiments.mesh_sweep --top_k=0`, the
 whole process), from an empty cache and again warm; each against issue 15's
-targets (met or not met).
+targets (met or not met). `--records=FILE` keeps the in-process records
+(one JSON line each, its evaluation time left out): two checkouts' files are
+the same byte for byte when a change leaves every result as it was.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +51,9 @@ def define_flags() -> None:
   flags.DEFINE_bool("check_classes", False,
                     "also trace every mesh and say whether the records equal "
                     "those read off one trace per class")
+  flags.DEFINE_string("records", None, "write the in-process records here, "
+                      "one JSON line each (eval_s left out), to compare "
+                      "checkouts")
 
 
 def bench(spec, cache_dir: str | None = None, share_traces: bool = True
@@ -64,6 +70,8 @@ def bench(spec, cache_dir: str | None = None, share_traces: bool = True
                       for r in records],
           "configs": len(records), "ok": len(ok), "failed": len(records) - len(ok),
           "traces": sweep.traces, "read_off": sweep.read_off,
+          "trace_s": sweep.seconds["trace"],
+          "estimate_s": sweep.seconds["estimate"],
           "total_s": total,
           "per_config_ms": 1e3 * total / len(records),
           "slowest_config_ms": 1e3 * max(r["eval_s"] for r in records),
@@ -86,8 +94,16 @@ def main(argv) -> None:
         f"trace), {r['total_s']:.2f} s total; {r['per_config_ms']:.1f} ms per "
         f"config (median {r['median_config_ms']:.2f} ms, slowest "
         f"{r['slowest_config_ms']:.0f} ms: a config that traces)", flush=True)
+  print(f"  of which tracing {r['trace_s']:.2f} s, the {r['traces'] + r['read_off']}"
+        f" groups' program walks and heap simulations {r['estimate_s']:.2f} "
+        f"s, the rest (each batch read off its group, records) "
+        f"{r['total_s'] - r['trace_s'] - r['estimate_s']:.2f} s", flush=True)
   _target("in-process, no cache", r["per_config_ms"], TARGETS["per_config_ms"],
           "ms per config")
+  if FLAGS.records:
+    with open(FLAGS.records, "w") as f:
+      f.writelines(json.dumps(rec, sort_keys=True) + "\n"
+                   for rec in r["records"])
   if FLAGS.check_classes:
     every = bench(spec, share_traces=False)
     print(f"every mesh traced: {every['traces']} traces, "

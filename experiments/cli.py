@@ -5,6 +5,7 @@ Experiments are thin absl apps: parse flags, call one library function, print.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Callable
@@ -287,13 +288,21 @@ def _parse(argv: list[str]) -> list[str]:
 
 
 def run(main: Callable[[list[str]], None]) -> None:
-  """app.run with bad flags and bad values turned into one line, exit 2."""
+  """app.run with bad flags and bad values turned into one line, exit 2.
+
+  The process is short-lived, so the cyclic GC is kept off what lives as
+  long as it (gc.freeze): the modules imported before `main` (jax, flax),
+  which every full collection would scan again, and, once `main` returns,
+  everything left, which the exit frees without a last full collection
+  (the sweep's figures: README "Benchmarks")."""
 
   def guarded(argv):
     if len(argv) > 1:
       fail(f"unexpected arguments {argv[1:]}; all options are --flags")
+    gc.freeze()
     try:
       main(argv)
+      gc.freeze()
     except ValueError as e:
       fail(str(e).splitlines()[0])
     except OSError as e:  # a full disk, an unwritable folder: nothing torn

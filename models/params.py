@@ -62,8 +62,12 @@ def _abstract_params(cfg, rules, dtype, param_dtype, lora=(0, ()),
   staged = {"stages": stages} if stages > 1 else {}  # models.pipeline
   model = module_class(cfg)(cfg, rules, dtype=dtype, param_dtype=param_dtype,
                             lora=lora, quant=quant, **staged)
-  boxed = jax.eval_shape(model.init, jax.random.key(0),
-                         **sample_inputs(model.cfg))["params"]
+  # The key is made inside the abstract trace: made outside, it would be a
+  # concrete array, which starts a backend and compiles (the only device
+  # work a sweep would do).
+  boxed = jax.eval_shape(lambda inputs: model.init(jax.random.key(0),
+                                                   **inputs),
+                         sample_inputs(model.cfg))["params"]
   names = jax.tree.map(lambda b: b.names, boxed,
                        is_leaf=lambda x: isinstance(x, nn.Partitioned))
   return nn.unbox(boxed), names

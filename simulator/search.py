@@ -17,6 +17,7 @@ simulator.timing.roofline.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -252,6 +253,9 @@ class Sweep:
     self._classes: dict[tuple, list] = {}
     self.traces = 0  # steps traced
     self.read_off = 0  # (mesh, remat, ...) groups read off a class's trace
+    # Where evaluating went, seconds: "trace" (the traces), "estimate" (the
+    # program walks and heap simulations of every group), for benchmarks.
+    self.seconds: collections.Counter = collections.Counter()
     # What every config's cache key shares, made once (asdict is not free).
     self._key_parts = dict(
         model=dataclasses.asdict(cfg), topology=topo.name,
@@ -293,16 +297,27 @@ class Sweep:
              if self.share_traces else (c.X, c.Y, c.P))
     for traced, traced_plan in self._classes.get(group, ()):
       try:
-        resize = mesh_class.resize_for(traced, traced_plan, plan)
-        estimator = _Estimator(self.cfg, traced, plan, settings, resize)
+        with self._timed("estimate"):
+          resize = mesh_class.resize_for(traced, traced_plan, plan)
+          estimator = _Estimator(self.cfg, traced, plan, settings, resize)
       except mesh_class.NotInClass:
         continue
       self.read_off += 1
       return estimator
-    traced = trace_probe(self.cfg, settings, abstract_mesh(plan))
+    with self._timed("trace"):
+      traced = trace_probe(self.cfg, settings, abstract_mesh(plan))
     self.traces += 1
     self._classes.setdefault(group, []).append((traced, plan))
-    return _Estimator(self.cfg, traced, plan, settings)
+    with self._timed("estimate"):
+      return _Estimator(self.cfg, traced, plan, settings)
+
+  @contextlib.contextmanager
+  def _timed(self, what: str):
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.seconds[what] += time.perf_counter() - start
 
   def evaluate_one(self, c: Config) -> dict[str, Any]:
     """The config's record: from the cache, or evaluated (and kept)."""

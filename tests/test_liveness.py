@@ -117,3 +117,52 @@ def test_a_matmuls_output_fusion_is_timed_by_the_matmul():
   j = jax.make_jaxpr(lambda x, w, b: x @ w + b)(x, jnp.ones((8, 8)),
                                                  jnp.ones((8,)))
   assert liveness.hbm_traffic(j.jaxpr) == {}
+
+
+def _reads_by_search(plan, eqn) -> list:
+  """The buffers a fusion reads, found afresh: a depth-first search from
+  its operands through the values computed inside it (no buffer of their
+  own), each buffer listed where the search first meets it."""
+  producer = {v: e for e in plan.jaxpr.eqns for v in e.outvars}
+  found, seen = [], set()
+
+  def search(v):
+    if not isinstance(v, jax.extend.core.Var) or v in seen:
+      return
+    seen.add(v)
+    made = producer.get(v)
+    if made is None or plan.size[v] != (0, 0):
+      found.append(v)
+      return
+    for u in made.invars:
+      search(u)
+
+  for v in eqn.invars:
+    search(v)
+  return found
+
+
+def test_each_fusion_reads_the_buffers_behind_its_operands():
+  """The buffers each equation's fusion reads (what hbm_traffic counts and
+  the in-place rule picks from, first found first), in every body of a
+  traced step: those a fresh search finds, in its order."""
+  from meshes.layout import abstract_mesh, plan_mesh
+  from meshes.topology import parse_topology
+  from models.presets import PRESETS
+  from simulator.settings import TrainSettings
+  from simulator.memory.xla_rules import calls
+  from simulator.tracing.trace import trace_probe
+
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  traced = trace_probe(PRESETS["tiny"], TrainSettings(batch=2, seq=128),
+                       abstract_mesh(plan))
+  jaxprs, checked = [(traced.jaxpr.jaxpr, False)], 0
+  while jaxprs:
+    jaxpr, local = jaxprs.pop()
+    jaxprs += [(sub, sub_local) for e in jaxpr.eqns
+               for sub, sub_local, _ in calls(e, local)]
+    built = liveness._plan(jaxpr, local, (), set(), {})
+    for i, eqn in enumerate(jaxpr.eqns):
+      assert built.reads[i] == _reads_by_search(built, eqn)
+      checked += len(built.reads[i]) > 1
+  assert checked > 100  # fusions that read several buffers

@@ -1,5 +1,9 @@
 """Every preset's parameter count from jax.eval_shape equals the published one."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from models.params import num_params
@@ -33,3 +37,18 @@ def test_gpt3_175b_is_the_papers_architecture():
 
 def test_xxl_is_two_linears_per_block():
   assert num_params(PRESETS["xxl_ffn"]) == 126 * 2 * 16384 * 53248
+
+
+def test_counting_parameters_starts_no_backend():
+  """The shapes are read off an abstract trace only: nothing runs on a
+  device, so a sweep never starts a backend nor compiles (a fresh process:
+  this one's tests have started one)."""
+  code = ("from models.params import num_params\n"
+          "from models.presets import PRESETS\n"
+          "num_params(PRESETS['tiny'])\n"
+          "from jax._src import xla_bridge\n"
+          "print(sorted(xla_bridge._backends))\n")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  p = subprocess.run([sys.executable, "-c", code], cwd=root,
+                     capture_output=True, text=True, timeout=120)
+  assert (p.returncode, p.stdout.strip()) == (0, "[]"), p.stderr[-500:]

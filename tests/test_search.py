@@ -27,6 +27,14 @@ def test_traces_once_per_mesh_remat_shard_optimizer(swept):
   assert len(sweep._estimators) == 4 * 2  # not 4 * 2 * 3 batch sizes
 
 
+def test_the_time_spent_is_split_into_tracing_and_estimating(swept):
+  """Only groups that lay out are traced or estimated; both took time."""
+  sweep, _ = swept
+  assert set(sweep.seconds) == {"trace", "estimate"}
+  assert sweep.traces + sweep.read_off == 2 * 2  # Y = 1, 2; two remats
+  assert all(t > 0 for t in sweep.seconds.values())
+
+
 def test_mesh_whose_y_does_not_divide_kv_heads_fails_and_sweep_goes_on(swept):
   _, records = swept
   bad = [r for r in records if r["Y"] > 2]  # tiny has 2 kv heads

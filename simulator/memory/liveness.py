@@ -185,21 +185,25 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       else:
         size[v] = _nbytes(v.aval, local)
 
-  def buffers_read(v, seen) -> Iterable:
-    """The buffers a fusion reads through its operand v."""
-    if not isinstance(v, jcore.Var) or v in seen:
-      return
-    seen.add(v)
-    eqn = producer.get(v)
-    if eqn is None or size[v] != (0, 0) or v in in_place:
-      yield v
-      return
-    for u in eqn.invars:
-      yield from buffers_read(u, seen)
+  through: dict = {}  # value -> buffers_read(value), each found once
 
-  reads = {i: list(dict.fromkeys(
-      b for w in eqn.invars for b in buffers_read(w, set())))
-            for i, eqn in enumerate(eqns)}
+  def buffers_read(v) -> tuple:
+    """The buffers a fusion reads through its operand v, in the order a
+    depth-first walk of the values computed inside it first meets them."""
+    if not isinstance(v, jcore.Var):
+      return ()
+    if v not in through:
+      eqn = producer.get(v)
+      if eqn is None or size[v] != (0, 0) or v in in_place:
+        through[v] = (v,)
+      else:
+        through[v] = tuple(dict.fromkeys(
+            b for u in eqn.invars for b in buffers_read(u)))
+    return through[v]
+
+  reads = {i: list(dict.fromkeys(b for w in eqn.invars
+                                 for b in buffers_read(w)))
+           for i, eqn in enumerate(eqns)}
   if gpu:
     for v, i in xla_gpu_rules.multi_output_fusions(eqns, size,
                                                    producer).items():
@@ -212,8 +216,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
     for v in eqn.outvars:
       if size[v] == (0, 0):
         continue
-      seen: set = set()
-      for u in (b for w in eqn.invars for b in buffers_read(w, seen)):
+      for u in reads[i]:
         if (u in size and u not in taken and size[u] == size[v]
             and last.get(u) == i):
           reuses[v] = u
@@ -403,24 +406,27 @@ def hbm_traffic(jaxpr, local: bool = False) -> dict[int, Bytes]:
   plan = _plan(jaxpr, local, (), set(), {})
   producer = {v: e for e in jaxpr.eqns for v in e.outvars}
 
-  def fuses_matmul(eqn, seen: set) -> bool:
+  from_matmul: dict = {}  # value -> whether it is made in a matmul's fusion
+
+  def fuses_matmul(eqn) -> bool:
+    """Whether a value computed inside eqn's fusion (no buffer of its own)
+    is a matmul's output, or made from one."""
     for u in eqn.invars:
-      e = producer.get(u) if isinstance(u, jcore.Var) else None
-      if e is None or u in seen or plan.size[u] != (0, 0):
-        continue
-      seen.add(u)
-      if e.primitive.name == "dot_general" or fuses_matmul(e, seen):
+      if isinstance(u, jcore.Var) and u not in from_matmul:
+        e = producer.get(u)
+        from_matmul[u] = (e is not None and plan.size[u] == (0, 0) and (
+            e.primitive.name == "dot_general" or fuses_matmul(e)))
+      if isinstance(u, jcore.Var) and from_matmul[u]:
         return True
     return False
 
   out: dict[int, Bytes] = {}
   for i, eqn in enumerate(jaxpr.eqns):
-    if eqn.primitive.name == "dot_general" or fuses_matmul(eqn, set()):
-      continue
     written: Bytes = (0, 0)
     for v in eqn.outvars:
       written = _add(written, plan.size.get(v, (0, 0)))
-    if written == (0, 0):
+    if (written == (0, 0) or eqn.primitive.name == "dot_general"
+        or fuses_matmul(eqn)):
       continue
     for u in plan.reads[i]:
       written = _add(written, plan.size.get(u) or _nbytes(u.aval, local))

@@ -196,10 +196,35 @@ def _mesh_sizes(closed) -> dict[str, int]:
   return {}
 
 
+def _critical(jaxpr, carry_out: int) -> set:
+  """The values the first `carry_out` outputs (a layer's carried result) or
+  a matmul wait on."""
+  isvar = lambda v: not isinstance(v, jcore.Literal)
+  roots = [v for v in jaxpr.outvars[:carry_out] if isvar(v)]
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      roots += [v for v in eqn.invars if isvar(v)]
+  producers = {o: e for e in jaxpr.eqns for o in e.outvars}
+  critical: set = set()
+  stack = list(roots)
+  while stack:
+    v = stack.pop()
+    if v in critical:
+      continue
+    critical.add(v)
+    e = producers.get(v)
+    if e is not None:
+      stack += [i for i in e.invars if isvar(i)]
+  return critical
+
+
 class _Walker:
 
-  def __init__(self, sizes):
+  def __init__(self, sizes, record: bool = True):
+    """record=False: only which values depend on the data (a loop's carry
+    fixpoint needs no collectives, matmuls or traffic)."""
     self.sizes = {a: s for a, s in sizes.items()}
+    self.record = record
     self.collectives: list[Collective] = []
     self.dots: list[Dot] = []
     self.traffic: list[Traffic] = []
@@ -249,23 +274,7 @@ class _Walker:
     isvar = lambda v: not isinstance(v, jcore.Literal)
     get = lambda v: data.get(v, False) if isvar(v) else False
 
-    # Critical set: values the layer's carried result or a matmul waits on.
-    critical = set()
-    roots = [v for v in jaxpr.outvars[:carry_out] if isvar(v)]
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name == "dot_general":
-        roots += [v for v in eqn.invars if isvar(v)]
-    producers = {o: e for e in jaxpr.eqns for o in e.outvars}
-    stack = list(roots)
-    while stack:
-      v = stack.pop()
-      if v in critical:
-        continue
-      critical.add(v)
-      e = producers.get(v)
-      if e is not None:
-        stack += [i for i in e.invars if isvar(i)]
-
+    critical = _critical(jaxpr, carry_out) if self.record else set()
     gathered: set = set()
     for index, eqn in enumerate(jaxpr.eqns):
       name = eqn.primitive.name
@@ -285,7 +294,6 @@ class _Walker:
       any_data = any(in_data)
       out_critical = any(o in critical for o in eqn.outvars)
 
-      subs = list(subjaxprs(eqn))
       if name == "scan":
         body = eqn.params["jaxpr"].jaxpr
         length = eqn.params["length"]
@@ -293,12 +301,17 @@ class _Walker:
         sctx = dict(ectx, mult=ectx["mult"] * length, depth=ctx["depth"] + 1,
                     layer=ctx["layer"], prefix=ctx["prefix"])
         flags = list(in_data)
-        # carry fixpoint on data dependence, then the real walk
-        probe = _Walker(self.sizes)
+        # carry fixpoint on data dependence (two passes at most; one that
+        # turns no flag on ends it), then the real walk
+        probe = _Walker(self.sizes, record=False)
         for _ in range(2):
-          outs, _p = probe.walk(body, flags, dict(sctx, mult=0), carry_out=ncarry)
-          for i in range(ncarry):
-            flags[nc + i] = flags[nc + i] or outs[i]
+          if all(flags[nc:nc + ncarry]):
+            break
+          outs, _p = probe.walk(body, flags, sctx, carry_out=ncarry)
+          turned = [f or o for f, o in zip(flags[nc:nc + ncarry], outs)]
+          if turned == flags[nc:nc + ncarry]:
+            break
+          flags[nc:nc + ncarry] = turned
         outs, pend = self.walk(body, flags, sctx, carry_out=ncarry)
         for o, d, p in zip(eqn.outvars, outs, pend):
           data[o] = d
@@ -322,6 +335,7 @@ class _Walker:
         for o, d in zip(eqn.outvars, outs):
           data[o] = d or in_data[0]
         continue
+      subs = list(subjaxprs(eqn))
       if subs:
         key, sub = subs[0]
         sctx = dict(ectx)
@@ -347,6 +361,8 @@ class _Walker:
 
       for o in eqn.outvars:
         data[o] = any_data
+      if not self.record:
+        continue
       if (ctx["mult"] and name not in _NO_TRAFFIC
           and scopes.KERNEL not in scopes_of(ns)):
         self._traffic(jaxpr, index, ectx)

@@ -1,0 +1,73 @@
+"""simulator.tracing.program: which values depend on the data (a loop's
+carry fixpoint), and the data-only walk the fixpoint runs, which must find
+what the full walk finds."""
+
+import jax
+import jax.numpy as jnp
+
+from meshes.layout import abstract_mesh, plan_mesh
+from meshes.topology import parse_topology
+from models.presets import PRESETS
+from simulator.settings import TrainSettings
+from simulator.tracing import program
+from simulator.tracing.trace import trace_probe
+
+_CTX = dict(mult=1, layer=None, phase="optimizer", depth=0, prefix="")
+
+
+def _data_flags(fn, *args, data: tuple[bool, ...]) -> list[bool]:
+  """Which outputs of fn's program depend on the inputs flagged `data`."""
+  jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+  outs, _ = program._Walker({}).walk(jaxpr, list(data), _CTX)
+  return outs
+
+
+def _chain(a, b, xs):
+  """A loop whose carry a takes each data slice and b takes a: b depends on
+  the data only from the second iteration (the fixpoint's second pass)."""
+  def body(carry, x):
+    a, b = carry
+    return (x, a), b
+  return jax.lax.scan(body, (a, b), xs)
+
+
+def test_a_carry_reached_in_the_second_pass_depends_on_the_data():
+  a, b, xs = jnp.zeros(4), jnp.zeros(4), jnp.ones((3, 4))
+  assert _data_flags(_chain, a, b, xs, data=(False, False, True)) == [
+      True, True, True]
+
+
+def test_a_loop_over_no_data_has_no_data_outputs():
+  a, b, xs = jnp.zeros(4), jnp.zeros(4), jnp.ones((3, 4))
+  assert _data_flags(_chain, a, b, xs, data=(False, False, False)) == [
+      False, False, False]
+
+
+def test_a_carry_of_data_stays_data_whatever_the_body_does():
+  """Every carry flagged already: no pass can change them."""
+  a, b, xs = jnp.zeros(4), jnp.zeros(4), jnp.ones((3, 4))
+  assert _data_flags(_chain, a, b, xs, data=(True, True, False)) == [
+      False, True, True]
+
+
+def test_the_data_only_walk_finds_what_the_full_walk_finds():
+  """On a traced step (its layer loop, flash attention's loops, the loss):
+  the same data flags and pending partial sums' absence, and nothing
+  recorded."""
+  topo = parse_topology("v5p-8")
+  plan = plan_mesh(topo, 2, 2)
+  settings = TrainSettings(batch=2, seq=128, remat="full", shard="zero3")
+  traced = trace_probe(PRESETS["tiny"], settings, abstract_mesh(plan))
+  jaxpr = traced.jaxpr.jaxpr
+  n_data = len(jax.tree.leaves(traced.step.batch))
+  flags = [i >= len(jaxpr.invars) - n_data for i in range(len(jaxpr.invars))]
+  sizes = {"X": 2, "Y": 2}
+  full = program._Walker(sizes)
+  data_only = program._Walker(sizes, record=False)
+  full_outs, _ = full.walk(jaxpr, flags, _CTX)
+  outs, pending = data_only.walk(jaxpr, flags, _CTX)
+  assert outs == full_outs and any(outs) and not all(outs)
+  assert not any(pending)
+  assert (data_only.collectives, data_only.dots, data_only.traffic) == (
+      [], [], [])
+  assert full.collectives and full.dots and full.traffic
