@@ -38,7 +38,10 @@ def test_output_fusion_of_activations_not_of_weight_gradients():
 
 def _buffers(fn, *args) -> dict[str, int]:
   """Bytes of each value's own buffer at its making equation (0: none)."""
-  j = jax.make_jaxpr(fn)(*args).jaxpr
+  return _buffers_of(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def _buffers_of(j) -> dict[str, int]:
   plan = liveness._Simulation().plan(j, False, ())
   return {f"{i}:{e.primitive.name}": sum(plan.size[v])
           for i, e in enumerate(plan.jaxpr.eqns) for v in e.outvars}
@@ -205,12 +208,6 @@ def test_iotas_and_fills_a_loop_reads_are_sunk_into_it():
                          jax.ShapeDtypeStruct((8, 1024), jnp.float32)).jaxpr
   sizes = _buffers_of(j)
   assert [k.split(":")[1] for k, v in sizes.items() if v] == ["mul", "scan"]
-
-
-def _buffers_of(j) -> dict[str, int]:
-  plan = liveness._Simulation().plan(j, False, ())
-  return {f"{i}:{e.primitive.name}": sum(plan.size[v])
-          for i, e in enumerate(plan.jaxpr.eqns) for v in e.outvars}
 
 
 def test_a_loop_only_the_loss_needs_runs_last():

@@ -479,6 +479,10 @@ def sunk_into_loops(eqns, readers, producer: dict) -> set:
   that are made only by expanding ops (iota, broadcasts) through
   elementwise ops and views (XLA's IsSinkableFusion), and that nothing
   else reads as a buffer."""
+  def as_constant(loop, v) -> bool:  # read by `loop` only as a constant
+    return (loop.primitive.name == "scan"
+            and v not in loop.invars[loop.params["num_consts"]:])
+
   sunk: set = set()
   for eqn in eqns:
     if eqn.primitive.name != "scan":
@@ -486,8 +490,7 @@ def sunk_into_loops(eqns, readers, producer: dict) -> set:
     for v in eqn.invars[:eqn.params["num_consts"]]:
       if (isinstance(v, jcore.Var) and v not in sunk
           and _sinkable(v, producer, [0])
-          and all(c.primitive.name == "scan" or absorbs(c)
-                  for c in readers(v))):
+          and all(as_constant(c, v) or absorbs(c) for c in readers(v))):
         sunk.add(v)
   return sunk
 
