@@ -120,6 +120,28 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   MiB of partials each) are one 2048 x 576 x 768 GEMM,
                   not split; their weight gradients one split in 4 (6.75
                   MiB), apart split in 8 (4.5 MiB each, one at a time).
+
+Not modelled, a scheduler choice (read off #16, #19 and #20): the deferred
+and late schedules above are what XLA:GPU's latency-hiding scheduler makes
+of the memory scheduler's order. The CUDA plugin 0.10.2 runs it for the
+H100 and H200 targets (their optimized modules' instructions carry
+`scheduling_name`; TF_CPP_VMODULE=gpu_hlo_schedule=1 logs "Using unified
+latency estimator") and not for the A100 (sm_80), where the memory
+scheduler's order stands: #16 and its H100 twin #19 both pick its DFS
+sequence (14.05 GiB, TF_CPP_VMODULE=hlo_memory_scheduler=2), which makes
+the output projection's gradient, its all-reduce and its update, and the
+final norm's scale gradient, in the loss's backward. The output
+projection's weight-gradient GEMM runs after the layers' backward in 16 of
+17 H100/H200 compiles (the corpus's and #19; #3, 8x1, the exception) and
+in none of 8 A100 compiles (#7, #11, #16, #20, three variants of #16 and
+#16 with XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true: the
+LHS runs and still does not defer it). The
+deferred schedule stays the bound on an A100: it holds d(logits) through
+the layers' backward where XLA does not (#16 +14.80%, #20 +10.45%), but
+without it #11 is 15% under (XLA's peak there is in the loss's backward,
+the layers' gradient accumulators zero-filled before it, which only the
+deferred schedule's peak covers: the traced and late ones reach 1.29 GiB
+of transients, XLA 1.63; MemoryEstimate.points, each point's `order`).
 """
 
 from __future__ import annotations
