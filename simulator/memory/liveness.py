@@ -211,7 +211,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   reuses: dict = {}  # the in-place rule
   taken: set = set()
   for i, eqn in enumerate(eqns):
-    if not xla_rules.loop_fusible(eqn):
+    if not (xla_rules.loop_fusible(eqn) or xla_rules.updates_in_place(eqn)):
       continue
     for v in eqn.outvars:
       if size[v] == (0, 0):

@@ -61,6 +61,14 @@ off (buffers live at the peak: `python -m experiments.validate ...
   in place        a fusion's output takes the buffer of an operand of its size
                   that dies there (d(logits) over the logits: one f32
                   logits-sized buffer at the peak of every gpt2 config);
+  scatter in      a scatter (and a dynamic-update-slice) writes into its
+  place           first operand's buffer when that operand dies there
+                  (HloDataflowAnalysis::CanShareOperandBufferWithUser): the
+                  embedding gradient's zero fill and its scatter-add are one
+                  bf16 [V,D] buffer, scatter_fusion beside the all-reduce's
+                  psum_invariant.8, in llama3_8b v5p-32 16x1 b16 (#20,
+                  schedule position 867), and gemma-2b v5p-32 16x1 (#48)
+                  holds only the all-reduce's at its peak;
   hoisted casts   a loop that casts each slice of a stacked weight is given the
                   whole stack cast once, outside the loop, live from the first
                   loop that reads it to the last (bf16 [32,512,11008] weight
@@ -301,6 +309,16 @@ def is_view(eqn) -> bool:
 def elementwise(eqn) -> bool:
   """One output, element for element from its operands."""
   return fusible(eqn) and len(eqn.outvars) == 1
+
+
+# Ops whose output XLA writes into their first operand's buffer when that
+# operand dies there (the scatter-in-place rule).
+_UPDATE_OPS = {"scatter-add", "scatter_add", "scatter", "scatter-mul",
+               "dynamic_update_slice"}
+
+
+def updates_in_place(eqn) -> bool:
+  return eqn.primitive.name in _UPDATE_OPS
 
 
 def loop_fusible(eqn) -> bool:
