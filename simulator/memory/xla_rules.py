@@ -48,7 +48,16 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   bf16[1024,32064] over the carry; no f32[32064,1024]
                   product and no second bf16 buffer); the layers' weight
                   gradients there are bf16 fusion outputs too (fusion.698,
-                  fusion.696: bf16[1024,2816], bf16[2816,1024]);
+                  fusion.696: bf16[1024,2816], bf16[2816,1024]). Outside a
+                  loop, a gradient contracting a dim sharded over a mesh
+                  axis holds partial sums that an all-reduce adds up from
+                  the f32 product first, so the cast does not fuse
+                  (fusion.313 f32[25129,768] read by all-reduce.45 at the
+                  peak of gpt2 v5p-16 4x2 zero2 bf16_master, #31, before
+                  the layers' backward: the tied output projection's
+                  gradient, added to the embedding's after it); inside a
+                  loop what is only accumulated is reduced after the loop
+                  (XLA's WhileLoopAllReduceCodeMotion), as in #82;
   sunk loop       a loop's invariant operand made only by expanding ops
   constants       (iota, broadcasts) through elementwise ops and views is
                   sunk into the loop and fused into its readers there
@@ -403,19 +412,22 @@ def widening(eqn) -> bool:
           and _itemsize(eqn.outvars[0]) > _itemsize(eqn.invars[0]))
 
 
-def matmul_fusion_chain(eqns, readers, outs: set) -> set:
+def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False
+                        ) -> set:
   """The values made inside matmuls' output fusions: each activation
   matmul's result, a weight gradient's whose one reader is a narrowing cast
-  (the narrowed-weight-gradients rule), a call's output made inside such a
-  fusion in its body, and what the elementwise ops reading them make while
-  each value has one reader (`readers(v)`: v's readers through views) and
-  is not one of the jaxpr's outputs `outs`; the chain's last value is the
-  fusion's output."""
+  (the narrowed-weight-gradients rule; outside a loop (`in_loop`) only one
+  with no partial sums to reduce across devices), a call's output made
+  inside such a fusion in its body, and what the elementwise ops reading
+  them make while each value has one reader (`readers(v)`: v's readers
+  through views) and is not one of the jaxpr's outputs `outs`; the chain's
+  last value is the fusion's output."""
   chained: set = set()
   for eqn in eqns:
     one = lambda u: len({id(c) for c in readers(u)}) == 1
     if activation_matmul(eqn) or (
         _matmul_kind(eqn) == "weight_grad" and one(eqn.outvars[0])
+        and (in_loop or not partial_sums(eqn))
         and _narrowed(next(iter(readers(eqn.outvars[0]))), readers)) or (
         (elementwise(eqn) and not widening(eqn) or is_view(eqn))
         and any(isinstance(u, jcore.Var) and u in chained and u not in outs
@@ -424,11 +436,33 @@ def matmul_fusion_chain(eqns, readers, outs: set) -> set:
     elif eqn.primitive.name not in ("scan", "while", "cond"):
       for body in _subjaxprs(eqn):
         if len(body.outvars) == len(eqn.outvars):
-          ends = _chain_ends(body)
+          ends = _chain_ends(body, in_loop)
           chained.update(v for v, w in zip(eqn.outvars, body.outvars)
                          if isinstance(w, jcore.Var) and w in ends
                          and one(v))
   return chained
+
+
+def partial_sums(eqn) -> bool:
+  """A matmul contracting a dim both operands shard over one mesh axis of
+  more than one device: each device holds a partial sum, which a collective
+  (all-reduce or reduce-scatter) must add up before anything else reads it."""
+  (lc, rc), _ = eqn.params["dimension_numbers"]
+  lhs, rhs = eqn.invars
+  sizes = dict(getattr(getattr(getattr(lhs.aval, "sharding", None), "mesh",
+                               None), "shape", {}) or {})
+  ls, rs = spec_of(lhs.aval), spec_of(rhs.aval)
+  for a, b in zip(lc, rc):
+    axes = set(_axes(ls[a])) & set(_axes(rs[b]))
+    if any(sizes.get(x, 1) > 1 for x in axes):
+      return True
+  return False
+
+
+def _axes(entry) -> tuple:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _narrowed(eqn, readers) -> bool:
@@ -445,7 +479,7 @@ def _narrowed(eqn, readers) -> bool:
              for c in readers(eqn.outvars[0]))
 
 
-def _chain_ends(jaxpr) -> frozenset:
+def _chain_ends(jaxpr, in_loop: bool) -> frozenset:
   """The outputs of a call's body made inside a matmul's output fusion,
   which goes on into what the caller does with them (the narrowed-weight-
   gradients rule, across a checkpoint's boundary)."""
@@ -462,7 +496,8 @@ def _chain_ends(jaxpr) -> frozenset:
       else:
         yield c
   outs = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
-  return frozenset(matmul_fusion_chain(jaxpr.eqns, readers, set()) & outs)
+  return frozenset(matmul_fusion_chain(jaxpr.eqns, readers, set(), in_loop)
+                   & outs)
 
 
 def accumulated_stacks(eqns, readers, in_place: set, inputs: set) -> set:
@@ -560,6 +595,11 @@ def donated_in_place(jaxpr, donated: list) -> list:
   stacked = {v for e in jaxpr.eqns if e.primitive.name == "scan"
              for v in e.outvars[e.params["num_carry"]:]}
   return [v for v in donated if v not in stacked]
+
+
+def is_loop(eqn) -> bool:
+  """A loop: its body runs once per iteration (scan, while)."""
+  return eqn.primitive.name in ("scan", "while")
 
 
 def _subjaxprs(eqn) -> list:
