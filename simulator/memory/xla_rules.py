@@ -211,6 +211,18 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   (adamw, adafactor); the llama rows follow no token count
                   (16x1 zero3 full at 65536 tokens a device: deferred in
                   llama2_13b b512 s2048, first in llama3_8b b256 s4096).
+                  Where the optimizer's update runs is a choice of the same
+                  kind, so the program's order (the update last) is kept:
+                  in t5_3b v5p-32 8x2 (#73) the decoder's updates run right
+                  after its backward loop (while.873 at 979, its gradient
+                  stacks dead by 1072, before the encoder's backward loop
+                  while.872 at 1431; the symbolic peak, holding them there,
+                  is +28% over XLA's temporaries), in t5_large v5p-8 4x1
+                  (#71) after the encoder's backward (while.873{14} live
+                  807-1300, through the body of while.872, 863-1084, and
+                  XLA's peak at 967 in it), with the output projection's
+                  gradient deferred too (convolution_bitcast_fusion.11 at
+                  1133).
                   XLA's latency-hiding scheduler weighs
                   memory only against its limit (OpenXLA's
                   kMemoryPeakOverLimit), 95% of HBM here
