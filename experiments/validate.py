@@ -95,6 +95,12 @@ def render(result: dict, header: str) -> str:
   if c.get("flops") is not None:
     lines.append(f"cost: {c['flops']:.4g} flops, {c['bytes_accessed']:.4g} bytes "
                  f"accessed, optimal {c['optimal_seconds']:.4g} s (per device)")
+  if result.get("flops"):
+    f = result["flops"]
+    lines.append(f"matmul FLOPs per device, each loop body once as XLA's cost "
+                 f"analysis counts it: symbolic {f['symbolic']:.4g}, XLA "
+                 f"{f['xla']:.4g} (elementwise ops' added) "
+                 f"({100 * f['relative_error']:+.2f}%)")
   cc = result["collectives"]
   err = cc["relative_error"]
   lines.append(f"collectives, per device per step (V: gathered result, "

@@ -161,3 +161,25 @@ def test_cpu_fake_devices_arguments_exact():
   assert m["steps"] == 2 and m["device"].startswith("cpu")
   assert abs(m["losses"][0] - math.log(256)) < 0.1
   assert m["losses"][1] < m["losses"][0]
+
+
+def test_matmul_flops_count_a_loop_body_once_as_cost_analysis_does():
+  """XLA's HloCostAnalysis counts a while loop's body once: a scan of 3
+  [8,16]@[16,4] matmuls beside one [8,16]@[16,16] is 2*8*16*4 + 2*8*16*16
+  FLOPs, and the error is against the compiler's figure."""
+  import jax
+  import jax.numpy as jnp
+  from simulator.tracing.program import read_program
+  from simulator.xla import compiled
+
+  def fn(ws, w, x):
+    y, _ = jax.lax.scan(lambda c, wi: (c, x @ wi), 0.0, ws)
+    return y, x @ w
+  closed = jax.make_jaxpr(fn)(jnp.ones((3, 16, 4)), jnp.ones((16, 16)),
+                              jnp.ones((8, 16)))
+  dots = read_program(closed, 1).dots
+  flops = 2 * 8 * 16 * 4 + 2 * 8 * 16 * 16
+  got = compiled.compare_flops(dots, 1.25 * flops)
+  assert got["symbolic"] == flops
+  assert got["relative_error"] == -0.2
+  assert compiled.compare_flops(dots, None) is None

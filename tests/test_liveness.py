@@ -42,6 +42,17 @@ def test_a_fusion_writes_over_an_operand_that_dies_there():
   assert got == 2 * 8 * 32 * F32  # g (over h) and the second matmul's output
 
 
+def test_a_scatter_writes_into_its_operand_when_it_dies_there():
+  """g = (h@w).at[idx].add(u): the scatter-add updates the matmul's (64,32)
+  output in place (as the embedding gradient's scatter does), so the two
+  are never live together: at the scatter, g and its int32 [8,1] indices.
+  Without the rule h@w and g would both be live there (2*64*32 floats)."""
+  h, w = jnp.ones((64, 16)), jnp.ones((16, 32))
+  idx, u = jnp.zeros((8,), jnp.int32), jnp.ones((8, 32))
+  got = _peak(lambda h, w, i, u: jnp.sum((h @ w).at[i].add(u)), h, w, idx, u)
+  assert got == 64 * 32 * F32 + 8 * 4
+
+
 def test_a_scan_allocates_its_stacked_outputs_whole():
   """A scan over 4 slices stacks its (8,32) outputs: all 4 are allocated
   before the first iteration, beside that iteration's own values."""

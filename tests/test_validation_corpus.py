@@ -112,6 +112,13 @@ def test_the_docs_state_what_the_model_gives_on_kept_rows(index):
   doc = _doc_rows()[index]
   assert doc["peak err"] == vm._pct(errors["peak"]), doc
   assert doc["peak-ovh err"] == vm._pct(errors["peak_no_overhead"]), doc
+  flops = row["flops"]["relative_error"]
+  assert doc["flops err"] == vm._pct(flops), doc
+  # XLA's flops add the elementwise ops': a toy's and the 8-bit optimizer's
+  # blockwise quantization of every parameter weigh more than a few %.
+  assert -0.25 < flops < 0.02, flops
+  if CASES[index].part != "toy" and CASES[index].optimizer != "adamw_8bit":
+    assert abs(flops) < 0.02, flops
 
 
 def test_plans_xla_refuses_are_said_not_to_fit():

@@ -190,6 +190,32 @@ def test_a_narrowed_weight_gradient_read_by_a_collective_is_not():
       16 * 8 * 4)
 
 
+def test_a_narrowed_weight_gradient_with_partial_sums_fuses_only_in_a_loop():
+  """Contracting the batch sharded over X, the weight gradient holds partial
+  sums. Outside a loop an all-reduce adds them up from the f32 product, so
+  the cast does not fuse into the matmul (fusion.313 f32[25129,768] read by
+  all-reduce.45 in gpt2 v5p-16 4x2 bf16_master, #31); inside a loop what is
+  only accumulated is reduced after it (XLA's WhileLoopAllReduceCodeMotion)
+  and the cast fuses (the chunked loss's, #82)."""
+  mesh = AbstractMesh((2,), ("X",), axis_types=(AxisType.Explicit,))
+  batch = NamedSharding(mesh, P("X", None))
+  def fn(x, d, acc):
+    g = jnp.einsum("bi,bj->ij", x, d, out_sharding=P(None, None))
+    return acc + g.astype(jnp.bfloat16)
+  with jax.sharding.use_abstract_mesh(mesh):
+    j = jax.make_jaxpr(fn)(
+        jax.ShapeDtypeStruct((2 * PROBE, 16), jnp.float32, sharding=batch),
+        jax.ShapeDtypeStruct((2 * PROBE, 8), jnp.float32, sharding=batch),
+        jax.ShapeDtypeStruct((16, 8), jnp.bfloat16)).jaxpr
+  dot = _eqn(j, "dot_general")
+  assert xla_rules.partial_sums(dot)
+  readers = lambda v: [e for e in j.eqns if v in e.invars]
+  assert dot.outvars[0] not in xla_rules.matmul_fusion_chain(
+      j.eqns, readers, set(j.outvars))
+  assert dot.outvars[0] in xla_rules.matmul_fusion_chain(
+      j.eqns, readers, set(j.outvars), in_loop=True)
+
+
 def test_iotas_and_fills_a_loop_reads_are_sunk_into_it():
   """The sunk-loop-constants rule: an iota and a zero fill made outside a
   loop and read by it as constants are made inside it (XLA's

@@ -127,7 +127,8 @@ class _Plan:
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           stacks: dict, held: dict | None = None, gpu: bool = False,
-          sms: xla_gpu_rules.Sms | None = None) -> _Plan:
+          sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False
+          ) -> _Plan:
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -156,7 +157,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       else:
         yield c
 
-  chained = xla_gpu_rules.matmul_fusion_chain(eqns, readers, outs, gpu)
+  chained = xla_gpu_rules.matmul_fusion_chain(eqns, readers, outs, gpu,
+                                              in_loop)
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
   dead = xla_rules.dead_equations(jaxpr)
@@ -211,7 +213,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   reuses: dict = {}  # the in-place rule
   taken: set = set()
   for i, eqn in enumerate(eqns):
-    if not xla_rules.loop_fusible(eqn):
+    if not (xla_rules.loop_fusible(eqn) or xla_rules.updates_in_place(eqn)):
       continue
     for v in eqn.outvars:
       if size[v] == (0, 0):
@@ -265,6 +267,7 @@ class _Simulation:
     self.plans: dict = {}
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
+    self.looped: set = set()  # ids of the jaxprs run inside a loop
 
   def plan(self, jaxpr, local: bool, in_place_out,
            order: str = "deferred") -> _Plan:
@@ -285,7 +288,8 @@ class _Simulation:
       self.hoisted |= hoisted
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
                               stacks, held, self.gpu,
-                              self.sms if self.gpu else None)
+                              self.sms if self.gpu else None,
+                              key[0] in self.looped)
     return self.plans[key]
 
   @staticmethod
@@ -337,6 +341,8 @@ class _Simulation:
           at = _add(at, plan.size[v])
       inner = []
       calls = [] if id(eqn) in plan.dead else xla_rules.calls(eqn, local)
+      if calls and (id(jaxpr) in self.looped or xla_rules.is_loop(eqn)):
+        self.looped.update(id(sub) for sub, _, _ in calls)
       for k, (sub, sub_local, in_place) in enumerate(calls):
         inner += [(f, l, w, (k, *path), s) for f, l, w, path, s in
                   self.transient(sub, sub_local, in_place)]

@@ -160,11 +160,13 @@ from simulator.tracing.program import subjaxprs
 from simulator.tracing.trace import made_by_backward, spec_of
 
 
-def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool) -> set:
+def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool,
+                        in_loop: bool = False) -> set:
   """The values made inside matmuls' output fusions
   (xla_rules.matmul_fusion_chain); none on a GPU (the no-output-fusion
   rule)."""
-  return set() if gpu else xla_rules.matmul_fusion_chain(eqns, readers, outs)
+  return set() if gpu else xla_rules.matmul_fusion_chain(eqns, readers, outs,
+                                                         in_loop)
 
 
 def sunk_into_loops(eqns, readers, producer: dict, gpu: bool) -> set:

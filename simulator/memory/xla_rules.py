@@ -48,7 +48,16 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   bf16[1024,32064] over the carry; no f32[32064,1024]
                   product and no second bf16 buffer); the layers' weight
                   gradients there are bf16 fusion outputs too (fusion.698,
-                  fusion.696: bf16[1024,2816], bf16[2816,1024]);
+                  fusion.696: bf16[1024,2816], bf16[2816,1024]). Outside a
+                  loop, a gradient contracting a dim sharded over a mesh
+                  axis holds partial sums that an all-reduce adds up from
+                  the f32 product first, so the cast does not fuse
+                  (fusion.313 f32[25129,768] read by all-reduce.45 at the
+                  peak of gpt2 v5p-16 4x2 zero2 bf16_master, #31, before
+                  the layers' backward: the tied output projection's
+                  gradient, added to the embedding's after it); inside a
+                  loop what is only accumulated is reduced after the loop
+                  (XLA's WhileLoopAllReduceCodeMotion), as in #82;
   sunk loop       a loop's invariant operand made only by expanding ops
   constants       (iota, broadcasts) through elementwise ops and views is
                   sunk into the loop and fused into its readers there
@@ -61,6 +70,14 @@ off (buffers live at the peak: `python -m experiments.validate ...
   in place        a fusion's output takes the buffer of an operand of its size
                   that dies there (d(logits) over the logits: one f32
                   logits-sized buffer at the peak of every gpt2 config);
+  scatter in      a scatter (and a dynamic-update-slice) writes into its
+  place           first operand's buffer when that operand dies there
+                  (HloDataflowAnalysis::CanShareOperandBufferWithUser): the
+                  embedding gradient's zero fill and its scatter-add are one
+                  bf16 [V,D] buffer, scatter_fusion beside the all-reduce's
+                  psum_invariant.8, in llama3_8b v5p-32 16x1 b16 (#20,
+                  schedule position 867), and gemma-2b v5p-32 16x1 (#48)
+                  holds only the all-reduce's at its peak;
   hoisted casts   a loop that casts each slice of a stacked weight is given the
                   whole stack cast once, outside the loop, live from the first
                   loop that reads it to the last (bf16 [32,512,11008] weight
@@ -194,6 +211,18 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   (adamw, adafactor); the llama rows follow no token count
                   (16x1 zero3 full at 65536 tokens a device: deferred in
                   llama2_13b b512 s2048, first in llama3_8b b256 s4096).
+                  Where the optimizer's update runs is a choice of the same
+                  kind, so the program's order (the update last) is kept:
+                  in t5_3b v5p-32 8x2 (#73) the decoder's updates run right
+                  after its backward loop (while.873 at 979, its gradient
+                  stacks dead by 1072, before the encoder's backward loop
+                  while.872 at 1431; the symbolic peak, holding them there,
+                  is +28% over XLA's temporaries), in t5_large v5p-8 4x1
+                  (#71) after the encoder's backward (while.873{14} live
+                  807-1300, through the body of while.872, 863-1084, and
+                  XLA's peak at 967 in it), with the output projection's
+                  gradient deferred too (convolution_bitcast_fusion.11 at
+                  1133).
                   XLA's latency-hiding scheduler weighs
                   memory only against its limit (OpenXLA's
                   kMemoryPeakOverLimit), 95% of HBM here
@@ -303,6 +332,16 @@ def elementwise(eqn) -> bool:
   return fusible(eqn) and len(eqn.outvars) == 1
 
 
+# Ops whose output XLA writes into their first operand's buffer when that
+# operand dies there (the scatter-in-place rule).
+_UPDATE_OPS = {"scatter-add", "scatter_add", "scatter", "scatter-mul",
+               "dynamic_update_slice"}
+
+
+def updates_in_place(eqn) -> bool:
+  return eqn.primitive.name in _UPDATE_OPS
+
+
 def loop_fusible(eqn) -> bool:
   return fusible(eqn) or eqn.primitive.name in _LOOP_OPS
 
@@ -385,19 +424,22 @@ def widening(eqn) -> bool:
           and _itemsize(eqn.outvars[0]) > _itemsize(eqn.invars[0]))
 
 
-def matmul_fusion_chain(eqns, readers, outs: set) -> set:
+def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False
+                        ) -> set:
   """The values made inside matmuls' output fusions: each activation
   matmul's result, a weight gradient's whose one reader is a narrowing cast
-  (the narrowed-weight-gradients rule), a call's output made inside such a
-  fusion in its body, and what the elementwise ops reading them make while
-  each value has one reader (`readers(v)`: v's readers through views) and
-  is not one of the jaxpr's outputs `outs`; the chain's last value is the
-  fusion's output."""
+  (the narrowed-weight-gradients rule; outside a loop (`in_loop`) only one
+  with no partial sums to reduce across devices), a call's output made
+  inside such a fusion in its body, and what the elementwise ops reading
+  them make while each value has one reader (`readers(v)`: v's readers
+  through views) and is not one of the jaxpr's outputs `outs`; the chain's
+  last value is the fusion's output."""
   chained: set = set()
   for eqn in eqns:
     one = lambda u: len({id(c) for c in readers(u)}) == 1
     if activation_matmul(eqn) or (
         _matmul_kind(eqn) == "weight_grad" and one(eqn.outvars[0])
+        and (in_loop or not partial_sums(eqn))
         and _narrowed(next(iter(readers(eqn.outvars[0]))), readers)) or (
         (elementwise(eqn) and not widening(eqn) or is_view(eqn))
         and any(isinstance(u, jcore.Var) and u in chained and u not in outs
@@ -406,11 +448,33 @@ def matmul_fusion_chain(eqns, readers, outs: set) -> set:
     elif eqn.primitive.name not in ("scan", "while", "cond"):
       for body in _subjaxprs(eqn):
         if len(body.outvars) == len(eqn.outvars):
-          ends = _chain_ends(body)
+          ends = _chain_ends(body, in_loop)
           chained.update(v for v, w in zip(eqn.outvars, body.outvars)
                          if isinstance(w, jcore.Var) and w in ends
                          and one(v))
   return chained
+
+
+def partial_sums(eqn) -> bool:
+  """A matmul contracting a dim both operands shard over one mesh axis of
+  more than one device: each device holds a partial sum, which a collective
+  (all-reduce or reduce-scatter) must add up before anything else reads it."""
+  (lc, rc), _ = eqn.params["dimension_numbers"]
+  lhs, rhs = eqn.invars
+  sizes = dict(getattr(getattr(getattr(lhs.aval, "sharding", None), "mesh",
+                               None), "shape", {}) or {})
+  ls, rs = spec_of(lhs.aval), spec_of(rhs.aval)
+  for a, b in zip(lc, rc):
+    axes = set(_axes(ls[a])) & set(_axes(rs[b]))
+    if any(sizes.get(x, 1) > 1 for x in axes):
+      return True
+  return False
+
+
+def _axes(entry) -> tuple:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _narrowed(eqn, readers) -> bool:
@@ -427,7 +491,7 @@ def _narrowed(eqn, readers) -> bool:
              for c in readers(eqn.outvars[0]))
 
 
-def _chain_ends(jaxpr) -> frozenset:
+def _chain_ends(jaxpr, in_loop: bool) -> frozenset:
   """The outputs of a call's body made inside a matmul's output fusion,
   which goes on into what the caller does with them (the narrowed-weight-
   gradients rule, across a checkpoint's boundary)."""
@@ -444,7 +508,8 @@ def _chain_ends(jaxpr) -> frozenset:
       else:
         yield c
   outs = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
-  return frozenset(matmul_fusion_chain(jaxpr.eqns, readers, set()) & outs)
+  return frozenset(matmul_fusion_chain(jaxpr.eqns, readers, set(), in_loop)
+                   & outs)
 
 
 def accumulated_stacks(eqns, readers, in_place: set, inputs: set) -> set:
@@ -542,6 +607,11 @@ def donated_in_place(jaxpr, donated: list) -> list:
   stacked = {v for e in jaxpr.eqns if e.primitive.name == "scan"
              for v in e.outvars[e.params["num_carry"]:]}
   return [v for v in donated if v not in stacked]
+
+
+def is_loop(eqn) -> bool:
+  """A loop: its body runs once per iteration (scan, while)."""
+  return eqn.primitive.name in ("scan", "while")
 
 
 def _subjaxprs(eqn) -> list:

@@ -490,6 +490,20 @@ def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
   return {"symbolic": sym, "compiled": comp, "relative_error": errors(sym, comp)}
 
 
+def compare_flops(dots, xla_flops: float | None) -> dict[str, Any] | None:
+  """The traced step's matmul FLOPs on one device vs `cost_analysis()`'s
+  flops, counted the way XLA's HloCostAnalysis counts them: a while loop's
+  body once, whatever its trip count (so each traced matmul once, nested
+  loops included). XLA's figure adds the elementwise ops' FLOPs (one per
+  element), the matmuls' are all of the symbolic one; None where the
+  compiler gives no cost analysis (the CUDA plugin's deviceless path)."""
+  if not xla_flops:
+    return None
+  s = float(sum(d.flops_per_device for d in dots))
+  return {"symbolic": s, "xla": float(xla_flops),
+          "relative_error": (s - xla_flops) / xla_flops}
+
+
 def compare_collectives(symbolic, hlo_summary: dict[str, dict[str, int]]
                         ) -> dict[str, Any]:
   """Per-device bytes per step by "kind@axis": the traced program's collectives

@@ -13,19 +13,20 @@ from meshes.layout import abstract_mesh, parse_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
-from simulator.timing import comms
 from simulator.xla import compiled
 from simulator import memory
 from simulator.settings import TrainSettings, settings_from
+from simulator.tracing.program import read_traced
 from simulator.tracing.trace import trace
 
 
 def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
               y: int):
+  """The memory estimate and the traced program (its collectives and
+  matmuls) at the config's own batch."""
   plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp)
   estimate = memory.memory_report(cfg, settings, plan)
-  collectives = comms.collectives(trace(cfg, settings, abstract_mesh(plan)))
-  return estimate, collectives
+  return estimate, read_traced(trace(cfg, settings, abstract_mesh(plan)))
 
 
 def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
@@ -33,14 +34,15 @@ def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
              progress: Callable[[str], None] | None = None,
              dump_dir: str | None = None) -> dict[str, Any]:
   """Compile the step for `target` (default: the TPU `topology`) and compare."""
-  estimate, collectives = _symbolic(cfg, settings, topology, x, y)
+  estimate, program = _symbolic(cfg, settings, topology, x, y)
   kwargs = {} if progress is None else {"progress": progress}
   rep = compiled.compile_report(cfg, settings, target or topology, x, y,
                                 execute_steps=execute_steps, dump_dir=dump_dir,
                                 **kwargs)
   out = compiled.compare(estimate, rep)
   out["collectives"] = compiled.compare_collectives(
-      collectives, rep.collective_summary())
+      program.collectives, rep.collective_summary())
+  out["flops"] = compiled.compare_flops(program.dots, rep.flops)
   out["config"] = {"model": cfg.name, "topology": topology, "mesh": f"{x}x{y}",
                    "target": target or topology,
                    **dataclasses.asdict(settings)}
@@ -61,9 +63,8 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
     return row
   config = row["config"]
   x, y = parse_mesh(config["mesh"])
-  estimate, collectives = _symbolic(load_model(config["model"]),
-                                    settings_of(config), config["topology"],
-                                    x, y)
+  estimate, program = _symbolic(load_model(config["model"]),
+                                settings_of(config), config["topology"], x, y)
   sym = compiled.symbolic_side(estimate, config.get("target")
                                or config["topology"])
   if "oom" in row:
@@ -75,7 +76,8 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
   return {**row, "symbolic": sym,
           "relative_error": compiled.errors(sym, comp),
           "collectives": compiled.compare_collectives(
-              collectives, comp["collectives"])}
+              program.collectives, comp["collectives"]),
+          "flops": compiled.compare_flops(program.dots, comp.get("flops"))}
 
 
 _OOM = re.compile(r"CompileTimeHbmOom.*?temporaries \(([\d.]+)G\) exceeds "
