@@ -402,14 +402,17 @@ class _Simulation:
     raise ValueError(f"no program point {path}")
 
 
-def hbm_traffic(jaxpr, local: bool = False) -> dict[int, Bytes]:
+def hbm_traffic(jaxpr, local: bool = False, in_loop: bool = False
+                ) -> dict[int, Bytes]:
   """Per equation of `jaxpr` that makes a buffer of its own (a fusion's
   output, by xla_rules), the HBM bytes that fusion moves: the buffers it
   writes and the buffers it reads, through the values computed inside it.
   Equations computed inside another's fusion, views and equations that make
   no buffer are left out, and so is a matmul's output fusion (its operands
-  stream under its FLOPs); a call's or loop's body is its own jaxpr."""
-  plan = _plan(jaxpr, local, (), set(), {})
+  stream under its FLOPs); a call's or loop's body is its own jaxpr
+  (`in_loop`: one run inside a loop, for the narrowed-weight-gradients
+  rule)."""
+  plan = _plan(jaxpr, local, (), set(), {}, in_loop=in_loop)
   producer = {v: e for e in jaxpr.eqns for v in e.outvars}
 
   from_matmul: dict = {}  # value -> whether it is made in a matmul's fusion

@@ -235,7 +235,8 @@ class _Walker:
     from simulator.memory.liveness import hbm_traffic
     key = (id(jaxpr), bool(ctx.get("manual")))
     if key not in self._fusions:
-      self._fusions[key] = hbm_traffic(jaxpr, local=bool(ctx.get("manual")))
+      self._fusions[key] = hbm_traffic(jaxpr, local=bool(ctx.get("manual")),
+                                       in_loop=ctx["mult"] > 1)
     moved = self._fusions[key].get(i)
     if moved:
       self.traffic.append(Traffic(moved[0], moved[1], ctx["mult"],
