@@ -273,4 +273,7 @@ CASES: list[Case] = [
     Case("llama2_7b", "v5e-32", "16x2", 320, 2048, "full", "adamw", C),
     Case("llama2_13b", "v5p-32", "16x1", 832, 2048, "full", "adamw", C),
     Case("llama2_13b", "v5p-32", "16x1", 896, 2048, "full", "adamw", C),
+    # ... and another model and mesh: #52's step (mistral_7b 16x2, seq
+    # 4096, names:qkv) with the deferred order over the limit.
+    Case("mistral_7b", "v5p-64", "16x2", 704, 4096, "names:qkv", "adamw", C),
 ]

@@ -241,7 +241,10 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   would hold 15.5 (the traced order's simulation -1.84%,
                   #97); at b320, the deferred order over the HBM itself,
                   13.20 (+6.52%, #98); llama2_13b b832, the traced order
-                  just under the limit (+0.68%, #99). With both orders
+                  just under the limit (+0.68%, #99); mistral_7b v5p-64
+                  16x2 b704 s4096 names:qkv (#52's step), no logits at
+                  XLA's peak of 82.49 GiB where the deferred order would
+                  hold 93.6 (+4.07%, #101). With both orders
                   over the limit XLA rematerializes more, to just under it
                   (b896: 90.20 GiB against the limit's 90.25, #100), which
                   is not modelled: the larger order is kept (+20.51%).
