@@ -254,4 +254,26 @@ CASES: list[Case] = [
     # rule was written.
     Case("llama3_8b", "v5p-16", "4x2", 16, 2048, "full", "adamw", C,
          precision="bf16"),
+    # Near XLA's rematerialization limit (95% of HBM; xla_rules:
+    # rematerialized logits): #55's step at batches where the deferred
+    # order's peak is under it (b704, b720: XLA holds the f32 logits
+    # gradient through the layers' backward) and over it (b736, b768: XLA
+    # recomputes the logits after that loop); the rule was read off these.
+    Case("llama2_13b", "v5p-32", "16x1", 704, 2048, "full", "adamw", T),
+    Case("llama2_13b", "v5p-32", "16x1", 720, 2048, "full", "adamw", T),
+    Case("llama2_13b", "v5p-32", "16x1", 736, 2048, "full", "adamw", T),
+    Case("llama2_13b", "v5p-32", "16x1", 768, 2048, "full", "adamw", T),
+    # The same rule held out, compiled after it was written: another chip
+    # (v5e, 16 GiB) with #45's step under the limit (b256), over it (b288)
+    # and with the deferred order over the HBM itself (b320); #55's step
+    # with the traced order just under the limit (b832) and both orders
+    # over it (b896).
+    Case("llama2_7b", "v5e-32", "16x2", 256, 2048, "full", "adamw", C),
+    Case("llama2_7b", "v5e-32", "16x2", 288, 2048, "full", "adamw", C),
+    Case("llama2_7b", "v5e-32", "16x2", 320, 2048, "full", "adamw", C),
+    Case("llama2_13b", "v5p-32", "16x1", 832, 2048, "full", "adamw", C),
+    Case("llama2_13b", "v5p-32", "16x1", 896, 2048, "full", "adamw", C),
+    # ... and another model and mesh: #52's step (mistral_7b 16x2, seq
+    # 4096, names:qkv) with the deferred order over the limit.
+    Case("mistral_7b", "v5p-64", "16x2", 704, 4096, "names:qkv", "adamw", C),
 ]

@@ -8,7 +8,8 @@
       time (here, or as Ray tasks), appending each result to F as it finishes
   python -m experiments.validation_matrix --from_jsonl=experiments/data/compiled_corpus.jsonl
       recompute the symbolic side of every kept row against its compiled
-      figures (no compiling; seconds) and rewrite the table
+      figures (no compiling; seconds) and rewrite the table, rows in case
+      order (the file keeps them in the order they finished compiling)
 
 A config that fails to compile is a result: an out-of-HBM compile keeps the
 bytes XLA said it needed. The table (--out, summary per corpus part: median
@@ -268,7 +269,8 @@ def main(argv):
   from simulator.xla import crosscheck
   started = time.time()
   if FLAGS.from_jsonl:
-    rows = [crosscheck.recheck(r) for r in _read_rows(FLAGS.from_jsonl)]
+    rows = sorted((crosscheck.recheck(r) for r in _read_rows(FLAGS.from_jsonl)),
+                  key=lambda r: r["config"].get("index", 0))
     write(rows, _out(), started)
     _say(f"re-checked {len(rows)} kept rows in {time.time() - started:.1f} s")
     return

@@ -17,6 +17,14 @@ def test_tpu_capacity_is_the_chips_hbm():
   assert capacity.capacity_bytes(_plan("v5p-8", 4, 1)) == 95 * GiB
 
 
+def test_xla_s_remat_limit_is_95_percent_of_a_tpu_s_hbm_only():
+  """--xla_jf_rematerialization_percent_shared_memory_limit=95 (libtpu's
+  flagfile); XLA:GPU has other limits: none."""
+  assert capacity.remat_limit_bytes(_plan("v5p-8", 4, 1)) == 95 * GiB * 95 // 100
+  assert capacity.remat_limit_bytes(_plan("v5e-16", 4, 4)) == 16 * GiB * 95 // 100
+  assert capacity.remat_limit_bytes(_plan("h100:8", 8, 1)) is None
+
+
 def test_h100_pool_is_75_percent_of_what_the_driver_reports(monkeypatch):
   monkeypatch.delenv(capacity.FRACTION_ENV, raising=False)
   budget = capacity.gpu_budget(_plan("h100:2x8", 8, 2))

@@ -16,6 +16,7 @@ import types
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from meshes.layout import abstract_mesh, plan_mesh
@@ -26,6 +27,7 @@ from models.params import num_params
 from models.registry import load_model
 from models.rules import FSDP_TP
 from simulator import formulas, memory
+from simulator.memory import estimate as estimate_module, liveness
 from simulator.settings import TrainSettings
 from simulator.step import device_bytes
 from simulator.tracing.trace import fused_residuals, trace
@@ -188,6 +190,52 @@ def test_comparable_peak_at_is_at_batchs(tiny):
     for b in (4, 8, 12, 36, 1000):
       assert est.comparable_peak_at(b) == (
           est.at_batch(b).compiled_comparable_peak)
+
+
+def _two_orders(deferred: int, traced: int, limit: int):
+  """A synthetic estimate with no arguments, traced at batch 1: one point
+  per schedule of the weight gradients, `deferred` and `traced` bytes a
+  sequence, and XLA's rematerialization limit `limit`."""
+  points = liveness.Points(
+      fixed=np.zeros(2, dtype=np.int64),
+      linear=np.array([deferred, traced], dtype=np.int64),
+      where=("backward Decoder/layers: scan",
+             "backward Decoder/layers: scan (weight gradients in traced "
+             "order)"), paths=((0,), (0,)), part=np.zeros(2, dtype=np.int64),
+      parts=("backward Decoder/layers",), order=("deferred", "traced"),
+      splits={}, _sim=None, _jaxpr=None, _in_place=(), _live={0: [], 1: []})
+  return estimate_module._assemble((), points, 1, 1, 10**6, 1, 1, None, limit)
+
+
+def test_the_deferred_order_over_the_limit_gives_way():
+  """The rematerialized-logits rule at a batch: the deferred schedule (10
+  bytes a sequence) is the peak up to the limit (100), the traced one (8)
+  while it alone is under it, the larger once both are over; with the
+  traced schedule the larger one nothing is dropped; the report says why,
+  and the bisection's shortcut agrees."""
+  est = _two_orders(10, 8, 100)
+  peak = lambda e, b: e.at_batch(b).compiled_comparable_peak
+  assert [peak(est, b) for b in (10, 11, 12, 13)] == [100, 88, 96, 130]
+  assert "rematerialized logits" in est.at_batch(11).peak_where
+  assert "rematerialized" not in est.at_batch(10).peak_where
+  reverse = _two_orders(8, 10, 100)
+  assert [peak(reverse, b) for b in (10, 11, 13)] == [100, 110, 130]
+  unlimited = _two_orders(10, 8, None)
+  assert peak(unlimited, 11) == 110
+  for e in (est, reverse, unlimited):
+    for b in range(1, 30):
+      assert e.comparable_peak_at(b) == peak(e, b)
+
+
+@pytest.mark.parametrize("cap", [1, 50, 99, 100, 150, 1000])
+def test_the_largest_batch_follows_the_limit_rule(cap):
+  """Over the deferred schedule's drop the peak falls (100 at b10, 88 at
+  b11): the largest batch that fits is still found, as a search of every
+  batch finds it."""
+  est = _two_orders(10, 8, 100)
+  every = [b for b in range(1, 400)
+           if est.at_batch(b).compiled_comparable_peak <= cap]
+  assert memory.largest_batch(est, cap, 1) == max(every, default=0)
 
 
 def test_at_batch_rescales_shapes_and_chains(tiny):

@@ -105,13 +105,18 @@ def test_from_jsonl_rechecks_and_rewrites_the_table(tmp_path):
   row = {"config": config, "compiled": {
       "argument_bytes": 1, "temp_bytes": 1, "peak_bytes": 1,
       "compile_seconds": 3.0, "collectives": {}}}
-  src.write_text(json.dumps(row) + "\n")
+  later = {**row, "config": {**config, "batch": 16, "index": 1}}
+  first = {**row, "config": {**config, "index": 0}}
+  src.write_text(json.dumps(later) + "\n" + json.dumps(first) + "\n")
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.validation_matrix",
        f"--from_jsonl={src}", f"--out={out}"], capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert "| 0 | tiny | toy | v5p-8 | 4x1 | 8 | 128 | full | adamw | - |" in (
-      out.read_text())
+  text = out.read_text()
+  row0 = "| 0 | tiny | toy | v5p-8 | 4x1 | 8 | 128 | full | adamw | - |"
+  row1 = "| 1 | tiny | toy | v5p-8 | 4x1 | 16 | 128 | full | adamw | - |"
+  assert row0 in text and row1 in text
+  assert text.index(row0) < text.index(row1)  # in case order, not the file's
   assert "- **copied cast weights**: " in out.read_text()  # the rule list
 
 

@@ -477,6 +477,31 @@ def test_the_output_projection_gradient_is_deferred(x, y):
              and len(b.shape) == 3 for b in live)
 
 
+def test_the_deferred_order_over_the_limit_is_dropped():
+  """The rematerialized-logits rule: the deferred order goes where it is
+  over XLA's limit and the traced one is not; the traced order over it
+  with the deferred under keeps both (XLA was seen recomputing the
+  logits, nothing else); both over, or no limit: both kept."""
+  kept = xla_rules.kept_orders
+  assert kept({"deferred": 101, "traced": 90}, 100) == ("traced",)
+  assert kept({"deferred": 100, "traced": 90}, 100) == ("deferred", "traced")
+  assert kept({"traced": 101, "deferred": 90}, 100) == ("traced", "deferred")
+  assert kept({"deferred": 120, "traced": 101}, 100) == ("deferred", "traced")
+  assert kept({"deferred": 120, "traced": 90}, None) == ("deferred", "traced")
+  assert kept({"deferred": 120}, 100) == ("deferred",)
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_only_an_unchunked_loss_has_recomputable_logits(chunks):
+  """One matmul makes the output projection's weight gradient over the
+  whole batch (recomputable logits) unless the loss is chunked, where it
+  is a loop's carried gradient."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  j = trace_probe(load_model("tiny"), TrainSettings(
+      batch=8, seq=128, loss_chunks=chunks), abstract_mesh(plan)).jaxpr
+  assert xla_rules.logits_recomputable(j) == (chunks == 1)
+
+
 def test_a_scanned_stack_returned_into_a_donated_buffer_is_its_own():
   """The stacked-outputs-not-donated rule: a loop's stacked output keeps a
   buffer of its own though the step returns it into a donated argument (a
@@ -573,7 +598,8 @@ def test_the_rule_list_is_the_docstring_s():
   found = dict(xla_rules.rules())
   assert len(found) == len(xla_rules.rules())
   for name in ("fusion", "hoisted casts", "copied cast weights",
-               "deferred weight gradients", "stacked outputs not donated"):
+               "deferred weight gradients", "rematerialized logits",
+               "stacked outputs not donated"):
     assert name in found
   assert all(text.endswith((";", ".")) for text in found.values())
   assert "copy.484-486" in found["copied cast weights"]

@@ -32,6 +32,7 @@ import re
 
 from meshes.hardware import GiB
 from meshes.layout import MeshPlan
+from simulator.memory import xla_rules
 
 MiB = 2**20
 FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
@@ -122,6 +123,17 @@ def capacity_bytes(plan: MeshPlan) -> int:
   if plan.topology.chip.kind == "gpu":
     return gpu_budget(plan).capacity_bytes
   return plan.topology.chip.hbm_bytes
+
+
+def remat_limit_bytes(plan: MeshPlan) -> int | None:
+  """XLA's rematerialization limit on `plan`'s chip, which the
+  rematerialized-logits rule (simulator.memory.xla_rules) holds the step's
+  peak against: on a TPU, REMAT_PERCENT of its HBM
+  (--xla_jf_rematerialization_percent_shared_memory_limit in libtpu's
+  dumped flagfile); None on a GPU (XLA:GPU has other limits)."""
+  if plan.topology.chip.kind == "gpu":
+    return None
+  return plan.topology.chip.hbm_bytes * xla_rules.REMAT_PERCENT // 100
 
 
 # The share of the capacity a plan's peak may use when asking for the largest

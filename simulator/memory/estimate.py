@@ -134,6 +134,9 @@ class MemoryEstimate:
   # (stages, microbatches): the 1F1B rule on the traced GPipe step
   # (simulator.memory.schedule); None: the traced schedule as it is.
   one_f_one_b: tuple[int, int] | None = None
+  # XLA's rematerialization limit (simulator.memory.capacity), where the
+  # rematerialized-logits rule applies (xla_rules); None: it does not.
+  remat_limit_bytes: int | None = None
 
   @property
   def host_ram_bytes(self) -> int:
@@ -149,16 +152,26 @@ class MemoryEstimate:
     return dataclasses.replace(
         _assemble(self.tensors, self.points, batch, self.traced_batch,
                   self.hbm_bytes, self.batch_shards, self.host_devices,
-                  self.one_f_one_b),
+                  self.one_f_one_b, self.remat_limit_bytes),
         trainable_params=self.trainable_params)
 
   def comparable_peak_at(self, batch: int) -> int:
     """`at_batch(batch).compiled_comparable_peak` alone, without naming what
-    is live (largest_batch's bisection asks it many times)."""
+    is live (largest_batch's search asks it many times)."""
     arguments = sum(_argument_bytes(t, batch, self.traced_batch)
                     for t in self.tensors)
+    orders = _kept_orders(self.points, batch, self.traced_batch, arguments,
+                          self.remat_limit_bytes)
     return arguments + _transient(self.points, batch, self.traced_batch,
-                                  self.one_f_one_b)[0]
+                                  self.one_f_one_b, orders)[0]
+
+  def order_peaks_at(self, batch: int) -> dict[str, int]:
+    """{schedule of the weight gradients: its compiled-comparable peak} at
+    `batch`, each nondecreasing in the batch (off the 1F1B rule)."""
+    arguments = sum(_argument_bytes(t, batch, self.traced_batch)
+                    for t in self.tensors)
+    return {o: arguments + v for o, v in
+            self.points.order_peaks(batch, self.traced_batch).items()}
 
 
 # --------------------------------------------------------------------------
@@ -280,10 +293,12 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms)
   rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
           else None)
+  limit = (capacity.remat_limit_bytes(plan) if rule is None
+           and xla_rules.logits_recomputable(traced.jaxpr) else None)
   return dataclasses.replace(
       _assemble(tuple(tensors), points, batch, batch,
                 capacity.capacity_bytes(plan), batch // per_device_batch,
-                plan.topology.chips_per_vm, rule),
+                plan.topology.chips_per_vm, rule, limit),
       trainable_params=trainable_params(step))
 
 
@@ -308,21 +323,36 @@ def _argument_bytes(t: Tensor, batch: int, traced_batch: int) -> int:
   return 0
 
 
+def _kept_orders(points: liveness.Points, batch: int, traced_batch: int,
+                 arguments: int, limit: int | None) -> tuple[str, ...] | None:
+  """The schedules of the weight gradients the peak is taken over, with the
+  rematerialized-logits rule (xla_rules) at XLA's limit `limit` (None: all:
+  the rule does not apply)."""
+  if limit is None:
+    return None
+  peaks = {o: arguments + v
+           for o, v in points.order_peaks(batch, traced_batch).items()}
+  return xla_rules.kept_orders(peaks, limit)
+
+
 def _transient(points: liveness.Points, batch: int, traced_batch: int,
-               one_f_one_b: tuple[int, int] | None) -> tuple[int, int]:
-  """(bytes, point index) of the largest transient live set, under the 1F1B
-  rule (simulator.memory.schedule) where it applies."""
+               one_f_one_b: tuple[int, int] | None,
+               orders: tuple[str, ...] | None = None) -> tuple[int, int]:
+  """(bytes, point index) of the largest transient live set over the
+  schedules `orders` (None: all), under the 1F1B rule
+  (simulator.memory.schedule) where it applies."""
   if one_f_one_b:
     transient, index, _ = schedule.one_f_one_b(points, batch, traced_batch,
                                                *one_f_one_b)
     return transient, index
-  return points.peak_at(batch, traced_batch)
+  return points.peak_at(batch, traced_batch, orders)
 
 
 def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
               batch: int, traced_batch: int, hbm_bytes: int,
               shards: int, host_devices: int,
-              one_f_one_b: tuple[int, int] | None = None) -> MemoryEstimate:
+              one_f_one_b: tuple[int, int] | None = None,
+              remat_limit: int | None = None) -> MemoryEstimate:
   totals = {c: 0 for c in CATEGORIES}
   at_peak = {c: 0 for c in PEAK_CATEGORIES}
   host = pinned = 0
@@ -349,7 +379,9 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
                       b, category))
   arguments = sum(at_peak[c] for c in ("params", "optimizer", "batch",
                                        "tile_padding"))
-  transient, index = _transient(points, batch, traced_batch, one_f_one_b)
+  orders = _kept_orders(points, batch, traced_batch, arguments, remat_limit)
+  transient, index = _transient(points, batch, traced_batch, one_f_one_b,
+                                orders)
   cut = 1.0 - schedule.in_flight_share(*one_f_one_b) if one_f_one_b else 0.0
   live = []
   for buf in points.live(index) if index >= 0 else ():
@@ -371,7 +403,9 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
   totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
   totals["peak"] = peak = comparable + totals["overhead"]
   phases = {part: arguments + v for part, v in
-            points.part_peaks(batch, traced_batch).items()}
+            points.part_peaks(batch, traced_batch, orders).items()}
+  note = (" (rematerialized logits: the deferred order is over XLA's limit)"
+          if orders is not None and "deferred" not in orders else "")
   by_size = lambda xs: tuple(sorted(xs, key=lambda x: -x.bytes))
   return MemoryEstimate(
       per_device_bytes=totals, host_bytes=host, pinned_host_bytes=pinned,
@@ -384,34 +418,51 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
       batch=batch, batch_shards=shards, arguments_bytes=arguments,
       tile_padding_bytes=at_peak["tile_padding"],
       compiled_comparable_peak=comparable, at_peak=at_peak,
-      peak_where=(points.where[index] + (" (1F1B rule)" if one_f_one_b
-                                          else "")
+      peak_where=(points.where[index] + note + (" (1F1B rule)" if one_f_one_b
+                                                 else "")
                   if index >= 0 else "nothing transient"),
       peak_buffers=by_size(live)[:PEAK_BUFFERS], phase_bytes=phases,
       traced_batch=traced_batch, tensors=tensors, points=points,
-      one_f_one_b=one_f_one_b)
+      one_f_one_b=one_f_one_b, remat_limit_bytes=remat_limit)
+
+
+def _last(ok, limit: int) -> int:
+  """The largest n in [1, limit] with ok(n), for ok true up to some n and
+  false after it (0: not even 1): doubling, then bisection."""
+  if not ok(1):
+    return 0
+  lo, hi = 1, 2
+  while ok(hi) and hi < limit:
+    lo, hi = hi, hi * 2
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+  return lo
 
 
 def largest_batch(estimate: MemoryEstimate, cap_bytes: int, step: int,
                   limit: int = 1 << 40) -> int:
   """The largest global batch, a multiple of `step`, whose compiler-
   comparable peak is at most `cap_bytes` (0: not even `step` fits). Exact
-  on a TPU: every program point's live bytes are affine in the batch, so
-  the peak is their maximum, nondecreasing in the batch; a bisection over
-  `comparable_peak_at`, no compile. On a GPU a split matmul's partials and
-  padded operands (xla_gpu_rules, split K) follow the split XLA picks for
-  the batch's shapes, which can shrink as the batch grows: the bisection
-  still takes the peak as nondecreasing."""
+  on a TPU, no compile: every program point's live bytes are affine in the
+  batch, so each schedule's peak (the largest of its points) is
+  nondecreasing in the batch. The peak itself is not where the
+  rematerialized-logits rule drops a schedule over XLA's limit
+  (xla_rules), but whether it fits changes only where some schedule's
+  peak crosses `cap_bytes` or that limit: the answer is the largest of
+  those crossings that fits. On a GPU a split matmul's partials and padded
+  operands (xla_gpu_rules, split K) follow the split XLA picks for the
+  batch's shapes, which can shrink as the batch grows: the search still
+  takes each schedule's peak as nondecreasing."""
   fits = lambda n: estimate.comparable_peak_at(n * step) <= cap_bytes
-  if not fits(1):
-    return 0
-  lo, hi = 1, 2
-  while fits(hi) and hi * step < limit:
-    lo, hi = hi, hi * 2
-  while hi - lo > 1:
-    mid = (lo + hi) // 2
-    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-  return lo * step
+  top = max(1, limit // step)
+  if estimate.remat_limit_bytes is None:
+    return _last(fits, top) * step
+  crossings = {_last(lambda n, o=o, t=t: estimate.order_peaks_at(n * step)[o]
+                     <= t, top)
+               for o in set(estimate.points.order)
+               for t in (cap_bytes, estimate.remat_limit_bytes)}
+  return max((n for n in crossings if n and fits(n)), default=0) * step
 
 
 def memory_report(cfg: ModelConfig, settings: TrainSettings,

@@ -485,20 +485,40 @@ class Points:
         out[i] = extra
     return out
 
-  def peak_at(self, num: int, den: int) -> tuple[int, int]:
-    """(bytes, point index) of the largest point at batch scale num/den."""
+  def _of(self, orders: Iterable[str] | None) -> np.ndarray:
+    """Which points belong to the schedules `orders` (None: all)."""
+    if orders is None:
+      return np.ones(len(self.where), dtype=bool)
+    return np.isin(np.array(self.order, dtype=object), list(orders))
+
+  def order_peaks(self, num: int, den: int) -> dict[str, int]:
+    """{schedule: its largest point's bytes} at batch scale num/den."""
+    values = self.at(num, den)
+    out: dict[str, int] = {}
+    for o, v in zip(self.order, values):
+      out[o] = max(out.get(o, int(v)), int(v))
+    return out
+
+  def peak_at(self, num: int, den: int,
+              orders: Iterable[str] | None = None) -> tuple[int, int]:
+    """(bytes, point index) of the largest point at batch scale num/den, of
+    the schedules `orders` (None: all)."""
     if not len(self.where):
       return 0, -1
-    values = self.at(num, den)
+    values = np.where(self._of(orders), self.at(num, den),
+                      np.iinfo(np.int64).min)
     i = int(np.argmax(values))
     return int(values[i]), i
 
-  def part_peaks(self, num: int, den: int) -> dict[str, int]:
-    """The largest transient live bytes of each part of the step."""
-    values = self.at(num, den)
+  def part_peaks(self, num: int, den: int,
+                 orders: Iterable[str] | None = None) -> dict[str, int]:
+    """The largest transient live bytes of each part of the step, over the
+    schedules `orders` (None: all)."""
+    kept = self._of(orders)
     out = np.full(len(self.parts), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(out, self.part, values)
-    return {name: int(v) for name, v in zip(self.parts, out)}
+    np.maximum.at(out, self.part[kept], self.at(num, den)[kept])
+    return {name: int(v) for name, v in zip(self.parts, out)
+            if v != np.iinfo(np.int64).min}
 
   def live(self, index: int) -> list[LiveBuffer]:
     """The buffers live at point `index` (walked once, then kept)."""

@@ -233,7 +233,55 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   in the traced order) and keeps the larger peak (the T5
                   step t5-v1_1-small v5p-16 8x1, whose traced order holds
                   more: -6.6% with the deferred order alone, -1.5% with
-                  both);
+                  both); near that limit see rematerialized logits;
+  rematerialized  where the deferred order's peak (arguments included, no
+  logits          planning overhead) would be over XLA's rematerialization
+                  limit, 95% of the chip's HBM (95 GiB on v5p, the
+                  user-allocatable figure: 90.25 GiB;
+                  --xla_jf_rematerialization_percent_shared_memory_limit=95
+                  in the dumped flagfile; the scheduler's
+                  --xla_tpu_scheduler_percent_shared_memory_limit is 95
+                  too), XLA's rematerialization recomputes the logits after
+                  the layers' backward instead of holding them through it:
+                  the order stays (the output projection's weight-gradient
+                  fusion after the backward loop) but what it holds is the
+                  traced order's. llama2_13b v5p-32 16x1 (#55's step, full
+                  remat, zero3, one loss chunk) at b704 and b720 holds the
+                  f32 logits gradient through the loop (86.75 and 88.41
+                  GiB, no .remat instruction, the deferred order's
+                  simulation +1.8% over both); at b736 and b768 the
+                  weight-gradient fusion.280 reads fusion.343.remat /
+                  fusion.344.remat, f32[46|48,2048,32000], the logits
+                  recomputed from the final hidden state and the gathered
+                  output weight after the loop, and XLA's peak is 79.14
+                  and 81.97 GiB where the deferred order would hold about
+                  90.1 and 93.7 (the traced order's simulation: +0.6%).
+                  So the deferred order is dropped where its peak is over
+                  the limit and the traced order's is not (both over: the
+                  larger is kept, see b896 below). Only for a loss made by
+                  one matmul over the whole batch (the one kind compiled
+                  here; a chunked loss's deferred part is a loop's carried
+                  gradient, not one matmul to recompute, and keeps the
+                  larger order), not on GPUs (other flags), not under the
+                  1F1B rule. Held out (compiled after the rule was written):
+                  llama2_7b v5e-32 16x2 (#45's step; 16 GiB chips) at b256,
+                  under the limit, the deferred order kept (-0.85%, #96);
+                  at b288, over it, XLA 13.25 GiB where the deferred order
+                  would hold 15.5 (the traced order's simulation -1.84%,
+                  #97); at b320, the deferred order over the HBM itself,
+                  13.20 (+6.52%, #98); llama2_13b b832, the traced order
+                  just under the limit (+0.68%, #99); mistral_7b v5p-64
+                  16x2 b704 s4096 names:qkv (#52's step), no logits at
+                  XLA's peak of 82.49 GiB where the deferred order would
+                  hold 93.6 (+4.07%, #101). With both orders
+                  over the limit XLA rematerializes more, to just under it
+                  (b896: 90.20 GiB against the limit's 90.25, #100), which
+                  is not modelled: the larger order is kept (+20.51%).
+                  Where XLA's own deferred peak is just under the limit
+                  and the simulation's just over it, this would
+                  under-estimate: in these compiles the switch fell
+                  between the same batches both ways (b720 kept, b736
+                  dropped);
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
@@ -356,6 +404,36 @@ def _matmul_kind(eqn) -> str | None:
   if eqn.primitive.name != "dot_general":
     return None
   return matmul_kind(*(v.aval.shape for v in (*eqn.invars, eqn.outvars[0])))
+
+
+# XLA's rematerialization limit in percent of the chip's HBM: the
+# rematerialized-logits rule (--xla_jf_rematerialization_percent_shared_
+# memory_limit=95 in the flagfile of every dumped TPU compile).
+REMAT_PERCENT = 95
+
+
+def logits_recomputable(jaxpr) -> bool:
+  """Whether the step's own jaxpr makes the output projection's weight
+  gradient by one matmul (an unchunked loss): what its deferred order holds
+  is then the logits' gradient, which XLA recomputes near its limit (the
+  rematerialized-logits rule)."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  return any(_matmul_kind(e) == "weight_grad"
+             and scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)
+             for e in jaxpr.eqns)
+
+
+def kept_orders(peaks: dict[str, int], limit: int | None) -> tuple[str, ...]:
+  """The schedules of the weight gradients the peak is the largest of, from
+  each one's peak `peaks` (bytes, arguments included) and XLA's
+  rematerialization limit (None: the rule does not apply): the deferred
+  order is dropped where it is over the limit and another order is not
+  (the rematerialized-logits rule)."""
+  others = [o for o in peaks if o != "deferred"]
+  if (limit is not None and peaks.get("deferred", 0) > limit
+      and any(peaks[o] <= limit for o in others)):
+    return tuple(others)
+  return tuple(peaks)
 
 
 def activation_matmul(eqn) -> bool:
