@@ -22,7 +22,7 @@ from meshes.hardware import GiB
 from models.params import num_params
 from simulator import formulas, memory
 from simulator.timing import roofline
-from simulator.memory import capacity
+from simulator.memory import capacity, liveness
 from simulator.step import kv_heads_note, kv_heads_replicated
 
 FLAGS = flags.FLAGS
@@ -66,6 +66,22 @@ def host_lines(estimate: memory.MemoryEstimate, total_params: int,
       *formulas.deepspeed_pinned_lines(total_params, hosts, grad_accum)]
 
 
+def schedule_lines(estimate: memory.MemoryEstimate) -> list[str]:
+  """Each simulated schedule of the weight gradients with its peak: where
+  they differ, the band XLA's choice falls in."""
+  peaks = estimate.schedule_peaks()
+  if not peaks:
+    return []
+  lines = ["  each schedule of the weight gradients simulated (XLA's scheduler "
+           "picks one; the peak is the largest kept):"]
+  for order, (b, kept) in sorted(peaks.items(), key=lambda kv: -kv[1][0]):
+    label = liveness.ORDER_NOTES.get(order, "weight gradients deferred")
+    note = "" if kept else ("  (dropped: over XLA's rematerialization "
+                            "limit, the logits recomputed)")
+    lines.append(f"    {label:<52}{_gib(b)} GiB{note}")
+  return lines
+
+
 def render(estimate: memory.MemoryEstimate, header: str,
            budget: capacity.GpuBudget | None = None,
            host: list[str] = ()) -> str:
@@ -85,6 +101,7 @@ def render(estimate: memory.MemoryEstimate, header: str,
             _row("peak (XLA's)", estimate.compiled_comparable_peak, hbm),
             _row("+ overhead", pd["overhead"], hbm),
             _row("= plan with", pd["peak"], hbm)]
+  lines += schedule_lines(estimate)
   verdict = "fits" if estimate.fits else "does NOT fit"
   lines += host
   if budget:

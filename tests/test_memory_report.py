@@ -62,3 +62,30 @@ def test_bad_flags_one_line_exit_2():
     assert out.stdout == ""
     errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in out.stderr
+
+
+def test_each_schedule_is_shown_and_the_peak_is_the_largest_kept():
+  """The report lists each simulated schedule of the weight gradients with
+  its peak; the peak is the largest kept, and a deferred schedule over XLA's
+  rematerialization limit is shown dropped."""
+  import dataclasses
+  from experiments import memory_report
+  from meshes.layout import plan_mesh
+  from meshes.topology import parse_topology
+  from models.registry import load_model
+  from simulator import memory
+  from simulator.settings import TrainSettings
+  est = memory.memory_report(load_model("tiny"),
+                             TrainSettings(batch=8, seq=64, remat="full"),
+                             plan_mesh(parse_topology("v5p-8"), 4, 1))
+  peaks = est.schedule_peaks()
+  assert set(peaks) == {"deferred", "traced"}
+  assert max(b for b, kept in peaks.values() if kept) == (
+      est.compiled_comparable_peak)
+  text = "\n".join(memory_report.schedule_lines(est))
+  assert "weight gradients deferred" in text and "traced order" in text
+  (deferred, _), (traced, _) = peaks["deferred"], peaks["traced"]
+  assert deferred > traced  # the logits gradient held through the layers
+  limited = dataclasses.replace(est, remat_limit_bytes=(deferred + traced) // 2)
+  assert limited.schedule_peaks()["deferred"] == (deferred, False)
+  assert "dropped" in "\n".join(memory_report.schedule_lines(limited))

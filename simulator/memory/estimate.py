@@ -165,6 +165,21 @@ class MemoryEstimate:
     return arguments + _transient(self.points, batch, self.traced_batch,
                                   self.one_f_one_b, orders)[0]
 
+  def schedule_peaks(self) -> dict[str, tuple[int, bool]]:
+    """{schedule of the weight gradients: (its compiled-comparable peak,
+    whether the peak is taken over it)} at this batch. XLA's scheduler
+    picks one by its cost model (not derived: xla_rules, deferred weight
+    gradients), so the peak is the largest of those kept; the
+    rematerialized-logits rule drops the deferred one over XLA's limit.
+    Empty with one schedule, or under the 1F1B rule."""
+    if self.points is None or self.one_f_one_b:
+      return {}
+    peaks = self.order_peaks_at(self.batch)
+    if len(peaks) < 2:
+      return {}
+    kept = xla_rules.kept_orders(peaks, self.remat_limit_bytes)
+    return {o: (b, o in kept) for o, b in peaks.items()}
+
   def order_peaks_at(self, batch: int) -> dict[str, int]:
     """{schedule of the weight gradients: its compiled-comparable peak} at
     `batch`, each nondecreasing in the batch (off the 1F1B rule)."""
