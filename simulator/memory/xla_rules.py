@@ -543,16 +543,11 @@ def partial_sums(eqn) -> bool:
                                None), "shape", {}) or {})
   ls, rs = spec_of(lhs.aval), spec_of(rhs.aval)
   for a, b in zip(lc, rc):
-    axes = set(_axes(ls[a])) & set(_axes(rs[b]))
+    axes = (set(mesh_class.entry_axes(ls[a]))
+            & set(mesh_class.entry_axes(rs[b])))
     if any(sizes.get(x, 1) > 1 for x in axes):
       return True
   return False
-
-
-def _axes(entry) -> tuple:
-  if entry is None:
-    return ()
-  return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _narrowed(eqn, readers) -> bool:

@@ -61,14 +61,15 @@ class NotInClass(ValueError):
   """The mesh cannot be read off the traced one: trace it."""
 
 
-def _axes(entry) -> tuple[str, ...]:
+def entry_axes(entry) -> tuple[str, ...]:
+  """The mesh axes of one PartitionSpec entry (None, a name or a tuple)."""
   if entry is None:
     return ()
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _spec_key(spec) -> tuple:
-  key = [_axes(e) for e in spec]
+  key = [entry_axes(e) for e in spec]
   while key and not key[-1]:
     key.pop()
   return tuple(key)
@@ -100,7 +101,7 @@ class Resize:
     if tiled is not None:
       return tiled
     spec = tuple(spec) + (None,) * (len(shape) - len(spec))
-    return tuple(self._divided(d, _axes(e)) if _axes(e) else d
+    return tuple(self._divided(d, entry_axes(e)) if entry_axes(e) else d
                  for d, e in zip(shape, spec))
 
   def local_shape(self, shape) -> tuple[int, ...]:

@@ -154,14 +154,9 @@ def _body_shape(aval, sizes) -> tuple[int, ...]:
   shape = mesh_class.local_shape(aval.shape)
   spec = tuple(getattr(getattr(aval, "sharding", None), "spec", ()) or ())
   spec += (None,) * (len(shape) - len(spec))
-  return tuple(d // math.prod(sizes.get(a, 1) for a in _entry_axes(e))
-               for d, e in zip(shape, spec))
-
-
-def _entry_axes(entry) -> tuple[str, ...]:
-  if entry is None:
-    return ()
-  return (entry,) if isinstance(entry, str) else tuple(entry)
+  return tuple(
+      d // math.prod(sizes.get(a, 1) for a in mesh_class.entry_axes(e))
+      for d, e in zip(shape, spec))
 
 
 def _exps(spec) -> tuple[int, int]:
