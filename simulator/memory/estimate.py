@@ -185,8 +185,7 @@ class MemoryEstimate:
     `batch`, each nondecreasing in the batch (off the 1F1B rule)."""
     arguments = sum(_argument_bytes(t, batch, self.traced_batch)
                     for t in self.tensors)
-    return {o: arguments + v for o, v in
-            self.points.order_peaks(batch, self.traced_batch).items()}
+    return _order_peaks(self.points, batch, self.traced_batch, arguments)
 
 
 # --------------------------------------------------------------------------
@@ -345,9 +344,15 @@ def _kept_orders(points: liveness.Points, batch: int, traced_batch: int,
   the rule does not apply)."""
   if limit is None:
     return None
-  peaks = {o: arguments + v
-           for o, v in points.order_peaks(batch, traced_batch).items()}
-  return xla_rules.kept_orders(peaks, limit)
+  return xla_rules.kept_orders(
+      _order_peaks(points, batch, traced_batch, arguments), limit)
+
+
+def _order_peaks(points: liveness.Points, batch: int, traced_batch: int,
+                 arguments: int) -> dict[str, int]:
+  """{schedule of the weight gradients: its compiled-comparable peak}."""
+  return {o: arguments + v
+          for o, v in points.order_peaks(batch, traced_batch).items()}
 
 
 def _transient(points: liveness.Points, batch: int, traced_batch: int,
