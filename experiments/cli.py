@@ -11,7 +11,9 @@ import sys
 from typing import Callable
 
 # The CPU is the only local backend; TPU targets compile through libtpu's
-# topology API, which works under this setting too.
+# topology API, which works under this setting too. A JAX_PLATFORMS the user
+# set is kept (see `use_local_gpus`).
+_USER_PLATFORMS = os.environ.get("JAX_PLATFORMS")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Errors stay one line with the gpu extra installed: importing meshes loads
@@ -285,6 +287,16 @@ def _parse(argv: list[str]) -> list[str]:
   except (ValueError, OSError) as e:
     fail(str(e).splitlines()[0])
   return rest
+
+
+def use_local_gpus() -> None:
+  """Lets JAX initialise the local GPUs (validate --target=gpu
+  --execute_steps), which the CPU default above hides; call it before any
+  backend starts. A JAX_PLATFORMS the user set stays as set."""
+  if _USER_PLATFORMS is None:
+    os.environ["JAX_PLATFORMS"] = "cuda,cpu"  # worker processes inherit it
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update("jax_platforms", "cuda,cpu")
 
 
 def run(main: Callable[[list[str]], None]) -> None:

@@ -58,4 +58,22 @@ CASES: list[Case] = [
     Case("llama3_8b", "h100:2x8", "4x4", 16, 4096, "names:qkv,out_proj",
          "adamw", G),
     Case("llama3_8b", "a100:2x8", "4x4", 16, 4096, "full", "adamw", G),
+    # Held out: one GPU (mesh 1x1), the configs run on a lent H100
+    # (experiments/data/executed_gpu.jsonl), compiled here deviceless.
+    Case("gpt2", "h100:1", "1x1", 16, 1024, "none", "adamw", GC),
+    Case("gpt2", "h100:1", "1x1", 32, 1024, "full", "adamw", GC),
+    Case("gpt2", "h100:1", "1x1", 32, 1024, "dots", "adafactor", GC),
+    Case(QWEN2_0_5B, "h100:1", "1x1", 8, 2048, "full", "adamw", GC),
+    Case(QWEN2_0_5B, "h100:1", "1x1", 8, 2048, "names:qkv,out_proj", "adamw",
+         GC, precision="bf16"),
+    Case("llama2_7b", "h100:1", "1x1", 4, 2048, "full", "adafactor", GC,
+         precision="bf16"),
+    Case("llama3_8b", "h100:1", "1x1", 4, 4096, "full", "adafactor", GC,
+         precision="bf16"),
+    Case("llama2_7b", "h100:1", "1x1", 16, 2048, "full", "adafactor", GC,
+         precision="bf16"),
+    Case("mistral_7b", "h100:1", "1x1", 8, 4096, "full", "adafactor", GC,
+         precision="bf16"),
+    Case("llama2_7b", "h100:1", "1x1", 8, 2048, "dots", "adafactor", GC,
+         precision="bf16"),
 ]

@@ -129,7 +129,8 @@ def render(result: dict, header: str) -> str:
     losses = ", ".join(f"{x:.4f}" for x in m["losses"])
     lines.append(f"measured on {m['device']}: {m['steps']} steps run (losses "
                  f"{losses}); peak_bytes_in_use {peak} (compiled peak "
-                 f"{c['peak_bytes'] / GiB:.4f} GiB)")
+                 f"{c['peak_bytes'] / GiB:.4f} GiB); step "
+                 f"{1e3 * m['step_seconds']:.2f} ms (median after the first)")
   return "\n".join(lines)
 
 
@@ -163,6 +164,8 @@ def main(argv):
     ensure_cpu_devices(x * y)
   settings = cli.train_settings()
   target = FLAGS.target
+  if target == "gpu" and FLAGS.execute_steps:
+    cli.use_local_gpus()
   if target == "gpu" and not FLAGS.execute_steps:
     if topology.chip.kind != "gpu":
       cli.fail(f"--target=gpu compiles for a GPU --topology (h100:2x8, ...); "

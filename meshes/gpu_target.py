@@ -12,6 +12,7 @@ the only local backend. TEXT comes from XLA's own specs, kept in
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import re
 
@@ -22,6 +23,9 @@ SPECS_DIR = pathlib.Path(__file__).parent / "gpu_specs"
 SPECS = {"h100-sxm": "h100_sxm.txtpb", "h200": "h200.txtpb",
          "a100-80gb": "a100_sxm_80.txtpb"}
 INSTALL = 'pip install -e ".[gpu]"'
+# The CUDA 12 plugin is the `gpu` extra's; a machine with JAX's CUDA 13 build
+# (jax-cuda13-plugin) compiles the same way.
+PLUGINS = ("xla_cuda12", "xla_cuda13")
 
 
 def target_config(chip_name: str) -> str:
@@ -32,15 +36,20 @@ def target_config(chip_name: str) -> str:
   return (SPECS_DIR / SPECS[chip_name]).read_text()
 
 
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # no jax_plugins package at all
+    return False
+
+
 def devices(topology: Topology) -> list:
   """The topology's devices, host-major (device id = host * G + local)."""
   if topology.chip.kind != "gpu":
     raise ValueError(f"{topology.name} is not a GPU topology")
-  try:
-    import jax_plugins.xla_cuda12  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
+  if not any(_installed(f"jax_plugins.{name}") for name in PLUGINS):
     raise ValueError(f"compiling for {topology.name} without a GPU needs the "
-                     f"CUDA plugin: {INSTALL}") from None
+                     f"CUDA plugin: {INSTALL}")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   with native_stderr_quiet():  # the plugin logs that this host has no driver
     desc = topologies.get_topology_desc(

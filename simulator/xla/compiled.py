@@ -388,24 +388,32 @@ def jnp_issubdtype(dtype, kind) -> bool:
 
 
 def run_steps(c: Compiled, n: int = 3) -> dict[str, Any]:
-  """Executes n steps on random data; peak from device.memory_stats() (GPU/TPU).
+  """Executes n steps on random data; peak from device.memory_stats() (GPU/TPU)
+  and each step's wall time (dispatch to results ready).
 
   The peak counter covers everything the allocator held since the process started
   (random inputs included); `peak_bytes_in_use` is reported as is, with the
-  arguments' bytes beside it.
+  arguments' bytes beside it. The first step's time includes one-off work
+  (kernel loading, cuBLAS handles), so `step_seconds` is the median of the
+  others when there are any.
   """
   args = random_args(c.step, c.mesh)
-  losses = []
+  losses, seconds = [], []
   params, opt, batch = args
   for _ in range(n):
-    params, opt, loss = c.compiled(params, opt, batch)
+    start = time.perf_counter()
+    params, opt, loss = jax.block_until_ready(c.compiled(params, opt, batch))
+    seconds.append(time.perf_counter() - start)
     losses.append(float(loss))
   dev = c.mesh.devices.flat[0]
   stats = dev.memory_stats() or {}
-  return {"steps": n, "losses": losses,
+  return {"steps": n, "losses": losses, "seconds": seconds,
+          "step_seconds": float(np.median(seconds[1:] or seconds)),
           "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
           "bytes_in_use": stats.get("bytes_in_use"),
-          "bytes_limit": stats.get("bytes_limit"), "device": str(dev)}
+          "bytes_limit": stats.get("bytes_limit"), "device": str(dev),
+          "device_kind": getattr(dev, "device_kind", None),
+          "jax": jax.__version__}
 
 
 def _rel(symbolic: float, compiled: float) -> float | None:
@@ -447,20 +455,10 @@ def errors(sym: dict[str, Any], comp: dict[str, Any]) -> dict[str, Any]:
           "peak_no_overhead": _rel(sym["peak_no_overhead"], comp["peak_bytes"])}
 
 
-def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
-  """Symbolic (simulator.memory.MemoryEstimate) vs compiled, where they correspond.
-
-  arguments  = params + optimizer + batch (+ tile padding when both the estimate's
-               chip and the target are TPUs)      vs argument_size_in_bytes
-  temp       = compiled_comparable_peak - arguments (the live set of the peak
-               phase; see simulator.memory)                       vs temp_size
-  peak       = the estimate's peak (overhead included) vs the compiled peak; and
-               `peak_no_overhead` = the estimate's compiled_comparable_peak
-               (arguments + the largest phase live set, no overhead): the
-               figure to compare with XLA's peak.
-  relative error = (symbolic - compiled) / compiled.
-  """
-  sym = symbolic_side(estimate, rep.target)
+def compiled_side(rep: CompiledReport) -> dict[str, Any]:
+  """The compiler's figures of `rep` as kept in a corpus row (JSON-ready);
+  `compare` puts the symbolic side beside them, `crosscheck.recheck` does so
+  later from the kept row."""
   comp = {"argument_bytes": rep.argument_bytes, "output_bytes": rep.output_bytes,
           "alias_bytes": rep.alias_bytes, "temp_bytes": rep.temp_bytes,
           "peak_bytes": rep.peak_bytes, "peak_source": rep.peak_source,
@@ -483,6 +481,24 @@ def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
           if rep.xla_peak else []}
   if rep.measured:
     comp["measured"] = rep.measured
+  return comp
+
+
+def compare(estimate, rep: CompiledReport) -> dict[str, Any]:
+  """Symbolic (simulator.memory.MemoryEstimate) vs compiled, where they correspond.
+
+  arguments  = params + optimizer + batch (+ tile padding when both the estimate's
+               chip and the target are TPUs)      vs argument_size_in_bytes
+  temp       = compiled_comparable_peak - arguments (the live set of the peak
+               phase; see simulator.memory)                       vs temp_size
+  peak       = the estimate's peak (overhead included) vs the compiled peak; and
+               `peak_no_overhead` = the estimate's compiled_comparable_peak
+               (arguments + the largest phase live set, no overhead): the
+               figure to compare with XLA's peak.
+  relative error = (symbolic - compiled) / compiled.
+  """
+  sym = symbolic_side(estimate, rep.target)
+  comp = compiled_side(rep)
   # XLA:GPU compiles a program larger than the device with a warning only:
   # the compiled peak is held against what the step may use here.
   comp["capacity_bytes"] = int(estimate.hbm_bytes)
