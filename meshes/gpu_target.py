@@ -62,6 +62,15 @@ def devices(topology: Topology) -> list:
   return out
 
 
+def local_target_config() -> str:
+  """The local GPUs' GpuTargetConfigProto text, as XLA reads it off the
+  device (jax has no public API for it: this is the one place that reaches
+  into jax._src for it)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
+  return str(xla_client.get_topology_for_devices(jax.devices()).target_config)
+
+
 def sm_count_and_major(chip_name: str) -> tuple[int, int]:
   """(SMs, compute capability major) of `chip_name`, read off its target
   config: what XLA:GPU's cost models (the split-K rewriter's) see of it."""
