@@ -48,11 +48,6 @@ DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "executed_gpu.md")
 OOM = "RESOURCE_EXHAUSTED"
 
 
-def single_gpu_cases() -> list[int]:
-  """Indices of the GPU corpus's one-GPU cases (mesh 1x1)."""
-  return [i for i, c in enumerate(gpu_corpus.CASES) if c.mesh == "1x1"]
-
-
 def run_index(i: int, steps: int) -> dict:
   """Case i compiled for and run on the local GPU, as a kept row (a fresh
   process runs this)."""
@@ -78,7 +73,7 @@ def run_index(i: int, steps: int) -> dict:
 
 
 def _chosen(only: str | None) -> list[int]:
-  valid = single_gpu_cases()
+  valid = gpu_corpus.single_gpu_cases()
   if not only:
     return valid
   out = []

@@ -77,3 +77,9 @@ CASES: list[Case] = [
     Case("llama2_7b", "h100:1", "1x1", 8, 2048, "dots", "adafactor", GC,
          precision="bf16"),
 ]
+
+
+def single_gpu_cases() -> list[int]:
+  """Indices of the one-GPU cases (mesh 1x1): the ones run on a real GPU
+  (experiments.execute_gpu, experiments.profile_gpu)."""
+  return [i for i, c in enumerate(CASES) if c.mesh == "1x1"]

@@ -27,7 +27,7 @@ def rows():
 
 def test_runs_cover_every_single_gpu_case(rows):
   assert {r["config"]["index"] for r in rows} == set(
-      execute_gpu.single_gpu_cases())
+      gpu_corpus.single_gpu_cases())
 
 
 def test_arguments_exact_on_the_gpu(rows):
@@ -141,7 +141,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
   out = tmp_path / "e.md"
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"config": {"model": "gpt2"}}\n')
-  single = execute_gpu.single_gpu_cases()
+  single = gpu_corpus.single_gpu_cases()
   for args, message in (
       ([f"--from_jsonl={bad}"], "not a --jsonl file of execute_gpu"),
       ([f"--from_jsonl={tmp_path / 'none.jsonl'}"], "No such file"),
@@ -157,5 +157,5 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 
 def test_single_gpu_cases_are_one_gpu_topologies():
-  for i in execute_gpu.single_gpu_cases():
+  for i in gpu_corpus.single_gpu_cases():
     assert parse_topology(gpu_corpus.CASES[i].topology).chips == 1
