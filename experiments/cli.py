@@ -101,6 +101,20 @@ def define_worker_flags() -> None:
                       "with --workers CPUs); needs pip install -e '.[ray]'")
 
 
+def define_corpus_flags() -> None:
+  """--only, --jsonl, --from_jsonl, --out: which cases of a corpus run, where
+  their rows are kept, and the table (validation_matrix, execute_gpu; defined
+  once when both are imported)."""
+  if "from_jsonl" in flags.FLAGS:
+    return
+  flags.DEFINE_string("only", None, "comma-separated case indices to run")
+  flags.DEFINE_string("jsonl", None, "append each result as a JSON line here")
+  flags.DEFINE_string("from_jsonl", None, "re-check these kept results (a "
+                      "--jsonl of an earlier run) instead of running them")
+  flags.DEFINE_string("out", None, "the results table (markdown); default: "
+                      "the experiment's own under experiments/")
+
+
 def define_target_seq_flag() -> None:
   """--target_seq (the sweep's too)."""
   flags.DEFINE_integer("target_seq", S.TrainSettings().target_seq,

@@ -34,15 +34,10 @@ from experiments import gpu_corpus
 from meshes.hardware import GiB
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("only", None, "comma-separated gpu_corpus indices to run "
-                    "(default: every single-GPU case)")
+cli.define_corpus_flags()  # --only: gpu_corpus indices (default: every
+# single-GPU case); --out default: experiments/executed_gpu.md
 flags.DEFINE_integer("steps", 8, "steps to run per case; the step time is the "
                      "median after the first", lower_bound=2)
-flags.DEFINE_string("jsonl", None, "append each run as a JSON line here")
-flags.DEFINE_string("from_jsonl", None, "re-check these kept runs instead of "
-                    "running")
-flags.DEFINE_string("out", None, "the table (markdown); default "
-                    "experiments/executed_gpu.md")
 
 DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "executed_gpu.md")
 OOM = "RESOURCE_EXHAUSTED"

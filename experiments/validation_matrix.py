@@ -39,12 +39,8 @@ from simulator.memory import xla_rules
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("corpus", "tpu", ["tpu", "gpu"], "which corpus to compile: "
                   "experiments.validation_corpus or experiments.gpu_corpus")
-flags.DEFINE_string("out", None, "results table (markdown); default "
-                    "experiments/validation.md, or validation_gpu.md")
-flags.DEFINE_string("jsonl", None, "also append each result as a JSON line here")
-flags.DEFINE_string("only", None, "comma-separated config indices to run")
-flags.DEFINE_string("from_jsonl", None, "re-check these kept results "
-                    "(a --jsonl of an earlier run) instead of compiling")
+cli.define_corpus_flags()  # --out default: experiments/validation.md, or
+# validation_gpu.md with --corpus=gpu
 cli.define_worker_flags()
 
 
