@@ -119,8 +119,9 @@ def test_no_cast_stack_is_hoisted_out_of_a_loop_on_a_gpu():
   assert xla_gpu_rules.weight_stacks(j, False, gpu=True) == ({}, set())
 
 
-def _stacks(x: int, y: int, shard: str, gpu: bool) -> dict:
-  plan = plan_mesh(parse_topology("h100:8"), x, y)
+def _stacks(x: int, y: int, shard: str, gpu: bool,
+            topology: str = "h100:8") -> dict:
+  plan = plan_mesh(parse_topology(topology), x, y)
   j = trace_probe(load_model("tiny"), TrainSettings(batch=8, seq=128,
                                                     shard=shard),
                   abstract_mesh(plan)).jaxpr.jaxpr
@@ -144,6 +145,12 @@ def test_no_stack_is_gathered_without_fsdp():
   copy on a GPU (the TPU rules copy and cast them)."""
   assert _stacks(4, 2, "zero1", gpu=True) == {}
   assert _stacks(4, 2, "zero1", gpu=False)
+
+
+def test_no_stack_is_transposed_for_a_gather_on_one_gpu():
+  """At mesh 1x1 the FSDP reshards gather over axes of one device: no
+  all-gather, so no stack is transposed for one."""
+  assert _stacks(1, 1, "zero3", gpu=True, topology="h100:1") == {}
 
 
 def _loss_grad_and_layers(jaxpr) -> tuple[int, int, int]:
@@ -214,6 +221,21 @@ def test_the_late_order_is_simulated_only_for_a_gpu():
                   abstract_mesh(plan)).jaxpr
   assert "late" in liveness.simulate(j, 0, gpu=True).order
   assert set(liveness.simulate(j, 0).order) == {"deferred", "traced"}
+
+
+@pytest.mark.parametrize("topology,x,deferred", [("h100:8", 8, True),
+                                                  ("h100:1", 1, False)])
+def test_one_gpu_keeps_the_output_projection_gradient_in_place(
+    topology, x, deferred):
+  """The one-device-order rule: on one GPU the deferred schedule is not
+  simulated, the traced and late ones are; on 8 GPUs all three."""
+  from simulator import memory
+  est = memory.memory_report(load_model("tiny"),
+                             TrainSettings(batch=x * 4, seq=128),
+                             plan_mesh(parse_topology(topology), x, 1))
+  assert set(est.points.order) == ({"deferred"} if deferred else set()) | {
+      "traced", "late"}
+  assert xla_gpu_rules.orders(liveness.ORDERS, True) == ("traced", "late")
 
 
 def test_a_program_without_weight_gradients_is_left_as_it_is():

@@ -304,7 +304,8 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   gpu = plan.topology.chip.kind == "gpu"
   sms = (xla_gpu_rules.Sms(*gpu_target.sm_count_and_major(
       plan.topology.chip.name)) if gpu else None)
-  points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms)
+  points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms,
+                             one_device=plan.P * plan.X * plan.Y == 1)
   rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
           else None)
   limit = (capacity.remat_limit_bytes(plan) if rule is None

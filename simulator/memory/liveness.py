@@ -538,30 +538,34 @@ ORDER_NOTES = {"traced": "weight gradients in traced order",
 
 
 def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
-             sms: xla_gpu_rules.Sms | None = None) -> Points:
+             sms: xla_gpu_rules.Sms | None = None,
+             one_device: bool = False) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
   outputs are written into donated argument buffers; `gpu`: compiled for a
   GPU (simulator.memory.xla_gpu_rules), `sms` its SMs (the split-K rule;
-  None: not applied). The step's own weight
-  gradients (the output projection's) are simulated deferred and in the
-  traced order (on a GPU also with their collectives late: xla_gpu_rules),
-  and the points of each kept, so the peak is the largest of the schedules
-  XLA is seen to pick (xla_rules: deferred weight gradients)."""
+  None: not applied); `one_device`: the mesh is one device. The step's own
+  weight gradients (the output projection's) are simulated deferred and in
+  the traced order (on a GPU also with their collectives late, and on one
+  GPU not deferred: xla_gpu_rules), and the points of each kept, so the
+  peak is the largest of the schedules XLA is seen to pick (xla_rules:
+  deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   sim = _Simulation(gpu, sms)
   sim.top = id(jaxpr)
   sim.results = tuple(jaxpr.outvars[donated_outputs:])
   in_place = tuple(xla_rules.donated_in_place(
       jaxpr, jaxpr.outvars[:donated_outputs]))
-  points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
-  order = ["deferred"] * len(points)
+  orders = ORDERS[:1]  # deferring moves nothing: one schedule
   if xla_rules.defer_weight_grads(jaxpr, results=sim.results) is not jaxpr:
-    for other in ORDERS[1:] if gpu else ORDERS[1:2]:
-      more = [(f, l, f"{w} ({ORDER_NOTES[other]})", path, s)
-              for f, l, w, path, s in sim.transient(
-                  jaxpr, in_place_out=in_place, prune=False, order=other)]
-      points += more
-      order += [other] * len(more)
+    orders = xla_gpu_rules.orders(ORDERS, one_device) if gpu else ORDERS[:2]
+  points: list = []
+  order: list = []
+  for o in orders:
+    note = f" ({ORDER_NOTES[o]})" if o in ORDER_NOTES else ""
+    more = [(f, l, f"{w}{note}", path, s) for f, l, w, path, s in
+            sim.transient(jaxpr, in_place_out=in_place, prune=False, order=o)]
+    points += more
+    order += [o] * len(more)
   names = [_part(p[2]) for p in points]
   parts = tuple(dict.fromkeys(names))
   return Points(np.array([p[0] for p in points], dtype=np.int64),
