@@ -127,8 +127,8 @@ class _Plan:
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           stacks: dict, held: dict | None = None, gpu: bool = False,
-          sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False
-          ) -> _Plan:
+          sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False,
+          apart: bool = False) -> _Plan:
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -167,6 +167,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   producer = {v: eqn for eqn in eqns for v in eqn.outvars}
   sunk = xla_gpu_rules.sunk_into_loops(eqns, readers, producer, gpu)
   chain_producers = xla_gpu_rules.chain_producers(producer, gpu)
+  kept_apart, gradients = (xla_gpu_rules.cublas_logits(eqns) if apart
+                           else (set(), set()))
   size: dict = {}
   for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
     eqn = eqns[i]
@@ -174,10 +176,11 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       if v in no_buffer:
         size[v] = (0, 0)
         continue
-      fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
-          v not in outs and xla_rules.fused_away(
-              eqn, v, consumers.get(v, []), list(readers(v)), local,
-              v in chained, chain_producers)))
+      fused = v not in gradients and (
+          id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
+              v not in outs and xla_rules.fused_away(
+                  eqn, v, consumers.get(v, []), list(readers(v)), local,
+                  v in chained, chain_producers)))
       if fused or v in in_place:
         size[v] = (0, 0)
         end = last.get(v, i)
@@ -219,8 +222,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       if size[v] == (0, 0):
         continue
       for u in reads[i]:
-        if (u in size and u not in taken and size[u] == size[v]
-            and last.get(u) == i):
+        if (u in size and u not in taken and u not in kept_apart
+            and size[u] == size[v] and last.get(u) == i):
           reuses[v] = u
           taken.add(u)
           break
@@ -273,7 +276,8 @@ class _Simulation:
            order: str = "deferred") -> _Plan:
     """`order` (ORDERS): "deferred", weight gradients moved late (the
     deferred-weight-gradients rule); "traced", the traced program's order;
-    "late", that order with their collectives late (xla_gpu_rules)."""
+    "late", that order with their collectives late; "cublas", the traced
+    order with the logits apart from their gradient (xla_gpu_rules)."""
     key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
       if order == "deferred" and self.gpu and id(jaxpr) == self.top:
@@ -289,7 +293,7 @@ class _Simulation:
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
                               stacks, held, self.gpu,
                               self.sms if self.gpu else None,
-                              key[0] in self.looped)
+                              key[0] in self.looped, order == "cublas")
     return self.plans[key]
 
   @staticmethod
@@ -531,10 +535,14 @@ class Points:
 
 # The schedules of the step's own weight gradients simulated: deferred
 # (xla_rules), the traced order, the traced order with their collectives late
-# (GPU only: xla_gpu_rules).
-ORDERS = ("deferred", "traced", "late")
+# (GPU only: xla_gpu_rules); and on a GPU the traced order with the logits
+# matmul on cuBLAS, as XLA's autotuner may pick on a real GPU (AUTOTUNED:
+# left out where a deviceless compile is compared).
+ORDERS = ("deferred", "traced", "late", "cublas")
+AUTOTUNED = ("cublas",)
 ORDER_NOTES = {"traced": "weight gradients in traced order",
-               "late": "weight gradients in traced order, collectives late"}
+               "late": "weight gradients in traced order, collectives late",
+               "cublas": "traced order, logits matmul on cuBLAS (autotuned)"}
 
 
 def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
@@ -557,7 +565,10 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
       jaxpr, jaxpr.outvars[:donated_outputs]))
   orders = ORDERS[:1]  # deferring moves nothing: one schedule
   if xla_rules.defer_weight_grads(jaxpr, results=sim.results) is not jaxpr:
-    orders = xla_gpu_rules.orders(ORDERS, one_device) if gpu else ORDERS[:2]
+    orders = (xla_gpu_rules.orders(ORDERS[:3], one_device) if gpu
+              else ORDERS[:2])
+  if gpu and xla_gpu_rules.cublas_logits(jaxpr.eqns)[1]:
+    orders += AUTOTUNED
   points: list = []
   order: list = []
   for o in orders:
