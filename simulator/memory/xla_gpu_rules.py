@@ -359,7 +359,8 @@ def cublas_logits(eqns) -> tuple[set, set]:
   grads = set()
   for e in loss_matmuls(True):
     for u in e.invars:
-      while u in producer and xla_rules.is_view(producer[u]):
+      while (isinstance(u, jcore.Var) and u in producer
+             and xla_rules.is_view(producer[u])):
         u = producer[u].invars[0]
       if isinstance(u, jcore.Var) and u.aval.shape in shapes:
         grads.add(u)
