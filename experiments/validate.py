@@ -79,6 +79,12 @@ def render(result: dict, header: str) -> str:
            f" {'rel. error':>10}"]
   for name, a, b, r in rows:
     lines.append(f"{name:<16} {a / GiB:13.4f} {b / GiB:13.4f} {_pct(r):>10}")
+  tuned = s.get("peak_no_overhead_autotuned", s["peak_no_overhead"])
+  if tuned != s["peak_no_overhead"]:
+    lines.append(f"  (GPU: symbolic figures of the deviceless program; with "
+                 f"the cuBLAS-logits schedule XLA's autotuner may pick on a "
+                 f"device, what fits holds: {tuned / GiB:.4f} GiB without "
+                 f"overhead)")
   lines += ["", f"symbolic peak at {s['peak_where']}: " + ", ".join(
       f"{k} {v / GiB:.4f}" for k, v in s["at_peak"].items() if v) + " GiB",
             f"compiled peak {c['peak_bytes'] / GiB:.4f} of the "

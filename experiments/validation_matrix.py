@@ -83,6 +83,9 @@ def summary(rows: list[dict]) -> list[str]:
                       for r in under)
       lines.append(f"- peak_no_overhead under XLA's by more than 5% ({part}): "
                    f"{len(under)} of {len(of_part)}{': ' + ids if ids else ''}")
+    line = _autotuned_line(of_part, part) if part in GPU_PARTS else None
+    if line:
+      lines.append(line)
   oom = [r for r in rows if "oom_relative_error" in r]
   if oom:
     says = sum(1 for r in oom if not r["symbolic_fits"])
@@ -137,7 +140,6 @@ def _streamed_in_loops(config: dict) -> bool:
   """Offloaded residuals or parameters: the layer loops read host memory."""
   return "params" in config.get("offload", ()) or str(
       config.get("remat", "")).startswith("offload")
-  return lines
 
 
 COLUMNS = ("#", "model", "part", "topology", "mesh", "batch", "seq", "remat",
@@ -179,6 +181,31 @@ def _row(i: int, r: dict) -> list[str]:
       f"{x['compile_seconds']:.0f}"]
 
 
+_GPU_COMPARED = (
+    " A deviceless compile does not autotune, so the symbolic figures held "
+    "against it are the deviceless program's (`MemoryEstimate.deviceless`): "
+    "without the cuBLAS-logits schedule (simulator.memory.xla_gpu_rules), "
+    "which XLA's autotuner may pick on a real GPU and which the estimate's "
+    "own peak and `fits` include; the summary gives that peak beside "
+    "(`autotuned`), and tests/test_xla_gpu_rules.py holds it against the "
+    "steps run on an H100 (experiments/data/executed_gpu.jsonl).")
+
+
+def _autotuned_line(rows: list[dict], part: str) -> str | None:
+  """The estimate's own peak (every schedule) over the deviceless peaks."""
+  errs = sorted((r["symbolic"]["peak_no_overhead_autotuned"]
+                 / r["compiled"]["peak_bytes"] - 1, r["config"].get("index"))
+                for r in rows
+                if "peak_no_overhead_autotuned" in r.get("symbolic", {}))
+  if not errs:
+    return None
+  worst = errs[-1]
+  return (f"- autotuned: peak_no_overhead with the cuBLAS-logits schedule "
+          f"(what `fits` holds) over these deviceless peaks ({part}): median "
+          f"{_pct(statistics.median(e for e, _ in errs))}, largest "
+          f"#{worst[1]} {_pct(worst[0])}")
+
+
 def write(rows: list[dict], path: str, started: float) -> None:
   gpu = bool(rows) and all(_part(r) in GPU_PARTS for r in rows)
   target, how = (("NVIDIA GPUs via the CUDA plugin, no GPU", "XLA:GPU's "
@@ -200,7 +227,8 @@ def write(rows: list[dict], path: str, started: float) -> None:
           "(nobody tuned on them), `toy` (sub-4-MiB steps, outside the "
           f"targets){gpu_parts if gpu else ''}. "
           "Settings other than zero3, mixed, flash, one loss "
-          "chunk are listed.", "", "## Summary", ""]
+          "chunk are listed." + (_GPU_COMPARED if gpu else ""), "",
+          "## Summary", ""]
   head += summary(rows)
   compile_s = sum(r["compiled"]["compile_seconds"] for r in rows
                   if "compiled" in r)

@@ -11,7 +11,9 @@ from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.registry import load_model
 from simulator.settings import TrainSettings
-from simulator.tracing.trace import fused_residuals, read_inputs, trace
+from simulator.memory import xla_rules
+from simulator.tracing.trace import (fused_residuals, layout_of, read_inputs,
+                                     spec_of, trace)
 
 
 def _fused_by_shape(fn, *args) -> dict[tuple, list[bool]]:
@@ -111,3 +113,34 @@ def test_frozen_weights_save_nothing_for_their_gradient():
   step, of_loss = _step_and_loss_residuals(remat="full", lora_rank=4)
   assert set(step) < set(of_loss)
   assert any("final_norm" in name for _, name, _, _ in set(of_loss) - set(step))
+
+
+def _reshards(topology: str, x: int, y: int) -> list:
+  plan = plan_mesh(parse_topology(topology), x, y)
+  j = trace(load_model("tiny"), TrainSettings(batch=8, seq=128),
+            abstract_mesh(plan)).jaxpr.jaxpr
+  out: list = []
+
+  def walk(jaxpr) -> None:
+    for e in jaxpr.eqns:
+      if e.primitive.name == "reshard":
+        out.append(e)
+      for v in e.params.values():
+        for sub in v if isinstance(v, (tuple, list)) else (v,):
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            walk(inner)
+  walk(j)
+  return out
+
+
+def test_a_reshard_over_axes_of_one_device_is_a_view():
+  """At mesh 1x1 the FSDP reshards change specs (X dropped) but not the
+  layout: every one is a view. On 4x2 some gather."""
+  one = _reshards("h100:1", 1, 1)
+  assert any(spec_of(e.invars[0].aval) != spec_of(e.outvars[0].aval)
+             for e in one)
+  assert all(xla_rules.is_view(e) for e in one)
+  assert all(layout_of(e.outvars[0].aval) == ((),) * e.outvars[0].aval.ndim
+             for e in one)
+  assert not all(xla_rules.is_view(e) for e in _reshards("h100:8", 4, 2))

@@ -137,6 +137,9 @@ class MemoryEstimate:
   # XLA's rematerialization limit (simulator.memory.capacity), where the
   # rematerialized-logits rule applies (xla_rules); None: it does not.
   remat_limit_bytes: int | None = None
+  # The schedules the peak is not taken over (`deviceless`): none, or the
+  # ones XLA's autotuner may pick on a real GPU (liveness.AUTOTUNED).
+  left_out: tuple[str, ...] = ()
 
   @property
   def host_ram_bytes(self) -> int:
@@ -152,8 +155,15 @@ class MemoryEstimate:
     return dataclasses.replace(
         _assemble(self.tensors, self.points, batch, self.traced_batch,
                   self.hbm_bytes, self.batch_shards, self.host_devices,
-                  self.one_f_one_b, self.remat_limit_bytes),
+                  self.one_f_one_b, self.remat_limit_bytes, self.left_out),
         trainable_params=self.trainable_params)
+
+  def deviceless(self) -> "MemoryEstimate":
+    """The estimate of the program a compile without the device gives (no
+    autotuning: xla_gpu_rules, cuBLAS logits), which the GPU corpus holds
+    against; the estimate itself, what `fits` uses, keeps every schedule."""
+    return dataclasses.replace(self, left_out=liveness.AUTOTUNED).at_batch(
+        self.batch)
 
   def comparable_peak_at(self, batch: int) -> int:
     """`at_batch(batch).compiled_comparable_peak` alone, without naming what
@@ -161,7 +171,7 @@ class MemoryEstimate:
     arguments = sum(_argument_bytes(t, batch, self.traced_batch)
                     for t in self.tensors)
     orders = _kept_orders(self.points, batch, self.traced_batch, arguments,
-                          self.remat_limit_bytes)
+                          self.remat_limit_bytes, self.left_out)
     return arguments + _transient(self.points, batch, self.traced_batch,
                                   self.one_f_one_b, orders)[0]
 
@@ -177,7 +187,9 @@ class MemoryEstimate:
     peaks = self.order_peaks_at(self.batch)
     if len(peaks) < 2:
       return {}
-    kept = xla_rules.kept_orders(peaks, self.remat_limit_bytes)
+    kept = _kept_orders(self.points, self.batch, self.traced_batch,
+                        self.arguments_bytes, self.remat_limit_bytes,
+                        self.left_out) or tuple(peaks)
     return {o: (b, o in kept) for o, b in peaks.items()}
 
   def order_peaks_at(self, batch: int) -> dict[str, int]:
@@ -304,7 +316,8 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   gpu = plan.topology.chip.kind == "gpu"
   sms = (xla_gpu_rules.Sms(*gpu_target.sm_count_and_major(
       plan.topology.chip.name)) if gpu else None)
-  points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms)
+  points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms,
+                             one_device=plan.P * plan.X * plan.Y == 1)
   rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
           else None)
   limit = (capacity.remat_limit_bytes(plan) if rule is None
@@ -338,14 +351,18 @@ def _argument_bytes(t: Tensor, batch: int, traced_batch: int) -> int:
 
 
 def _kept_orders(points: liveness.Points, batch: int, traced_batch: int,
-                 arguments: int, limit: int | None) -> tuple[str, ...] | None:
-  """The schedules of the weight gradients the peak is taken over, with the
-  rematerialized-logits rule (xla_rules) at XLA's limit `limit` (None: all:
-  the rule does not apply)."""
-  if limit is None:
+                 arguments: int, limit: int | None,
+                 left_out: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+  """The schedules of the weight gradients the peak is taken over, but
+  those `left_out`, with the rematerialized-logits rule (xla_rules) at
+  XLA's limit `limit` (None: the rule does not apply); None: all."""
+  if limit is None and not left_out:
     return None
-  return xla_rules.kept_orders(
-      _order_peaks(points, batch, traced_batch, arguments), limit)
+  peaks = {o: b for o, b in _order_peaks(points, batch, traced_batch,
+                                         arguments).items()
+           if o not in left_out}
+  return tuple(peaks) if limit is None else xla_rules.kept_orders(peaks,
+                                                                  limit)
 
 
 def _order_peaks(points: liveness.Points, batch: int, traced_batch: int,
@@ -372,7 +389,8 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
               batch: int, traced_batch: int, hbm_bytes: int,
               shards: int, host_devices: int,
               one_f_one_b: tuple[int, int] | None = None,
-              remat_limit: int | None = None) -> MemoryEstimate:
+              remat_limit: int | None = None,
+              left_out: tuple[str, ...] = ()) -> MemoryEstimate:
   totals = {c: 0 for c in CATEGORIES}
   at_peak = {c: 0 for c in PEAK_CATEGORIES}
   host = pinned = 0
@@ -399,7 +417,8 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
                       b, category))
   arguments = sum(at_peak[c] for c in ("params", "optimizer", "batch",
                                        "tile_padding"))
-  orders = _kept_orders(points, batch, traced_batch, arguments, remat_limit)
+  orders = _kept_orders(points, batch, traced_batch, arguments, remat_limit,
+                        left_out)
   transient, index = _transient(points, batch, traced_batch, one_f_one_b,
                                 orders)
   cut = 1.0 - schedule.in_flight_share(*one_f_one_b) if one_f_one_b else 0.0
@@ -425,7 +444,8 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
   phases = {part: arguments + v for part, v in
             points.part_peaks(batch, traced_batch, orders).items()}
   note = (" (rematerialized logits: the deferred order is over XLA's limit)"
-          if orders is not None and "deferred" not in orders else "")
+          if remat_limit is not None and orders is not None
+          and "deferred" not in orders else "")
   by_size = lambda xs: tuple(sorted(xs, key=lambda x: -x.bytes))
   return MemoryEstimate(
       per_device_bytes=totals, host_bytes=host, pinned_host_bytes=pinned,
@@ -443,7 +463,8 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
                   if index >= 0 else "nothing transient"),
       peak_buffers=by_size(live)[:PEAK_BUFFERS], phase_bytes=phases,
       traced_batch=traced_batch, tensors=tensors, points=points,
-      one_f_one_b=one_f_one_b, remat_limit_bytes=remat_limit)
+      one_f_one_b=one_f_one_b, remat_limit_bytes=remat_limit,
+      left_out=left_out)
 
 
 def _last(ok, limit: int) -> int:

@@ -127,8 +127,8 @@ class _Plan:
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           stacks: dict, held: dict | None = None, gpu: bool = False,
-          sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False
-          ) -> _Plan:
+          sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False,
+          apart: bool = False) -> _Plan:
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -167,6 +167,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   producer = {v: eqn for eqn in eqns for v in eqn.outvars}
   sunk = xla_gpu_rules.sunk_into_loops(eqns, readers, producer, gpu)
   chain_producers = xla_gpu_rules.chain_producers(producer, gpu)
+  kept_apart, gradients = (xla_gpu_rules.cublas_logits(eqns) if apart
+                           else (set(), set()))
   size: dict = {}
   for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
     eqn = eqns[i]
@@ -174,10 +176,11 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       if v in no_buffer:
         size[v] = (0, 0)
         continue
-      fused = (id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
-          v not in outs and xla_rules.fused_away(
-              eqn, v, consumers.get(v, []), list(readers(v)), local,
-              v in chained, chain_producers)))
+      fused = v not in gradients and (
+          id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
+              v not in outs and xla_rules.fused_away(
+                  eqn, v, consumers.get(v, []), list(readers(v)), local,
+                  v in chained, chain_producers)))
       if fused or v in in_place:
         size[v] = (0, 0)
         end = last.get(v, i)
@@ -219,8 +222,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       if size[v] == (0, 0):
         continue
       for u in reads[i]:
-        if (u in size and u not in taken and size[u] == size[v]
-            and last.get(u) == i):
+        if (u in size and u not in taken and u not in kept_apart
+            and size[u] == size[v] and last.get(u) == i):
           reuses[v] = u
           taken.add(u)
           break
@@ -273,7 +276,8 @@ class _Simulation:
            order: str = "deferred") -> _Plan:
     """`order` (ORDERS): "deferred", weight gradients moved late (the
     deferred-weight-gradients rule); "traced", the traced program's order;
-    "late", that order with their collectives late (xla_gpu_rules)."""
+    "late", that order with their collectives late; "cublas", the traced
+    order with the logits apart from their gradient (xla_gpu_rules)."""
     key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
       if order == "deferred" and self.gpu and id(jaxpr) == self.top:
@@ -289,7 +293,7 @@ class _Simulation:
       self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
                               stacks, held, self.gpu,
                               self.sms if self.gpu else None,
-                              key[0] in self.looped)
+                              key[0] in self.looped, order == "cublas")
     return self.plans[key]
 
   @staticmethod
@@ -531,37 +535,48 @@ class Points:
 
 # The schedules of the step's own weight gradients simulated: deferred
 # (xla_rules), the traced order, the traced order with their collectives late
-# (GPU only: xla_gpu_rules).
-ORDERS = ("deferred", "traced", "late")
+# (GPU only: xla_gpu_rules); and on a GPU the traced order with the logits
+# matmul on cuBLAS, as XLA's autotuner may pick on a real GPU (AUTOTUNED:
+# left out where a deviceless compile is compared).
+ORDERS = ("deferred", "traced", "late", "cublas")
+AUTOTUNED = ("cublas",)
 ORDER_NOTES = {"traced": "weight gradients in traced order",
-               "late": "weight gradients in traced order, collectives late"}
+               "late": "weight gradients in traced order, collectives late",
+               "cublas": "traced order, logits matmul on cuBLAS (autotuned)"}
 
 
 def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
-             sms: xla_gpu_rules.Sms | None = None) -> Points:
+             sms: xla_gpu_rules.Sms | None = None,
+             one_device: bool = False) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
   outputs are written into donated argument buffers; `gpu`: compiled for a
   GPU (simulator.memory.xla_gpu_rules), `sms` its SMs (the split-K rule;
-  None: not applied). The step's own weight
-  gradients (the output projection's) are simulated deferred and in the
-  traced order (on a GPU also with their collectives late: xla_gpu_rules),
-  and the points of each kept, so the peak is the largest of the schedules
-  XLA is seen to pick (xla_rules: deferred weight gradients)."""
+  None: not applied); `one_device`: the mesh is one device. The step's own
+  weight gradients (the output projection's) are simulated deferred and in
+  the traced order (on a GPU also with their collectives late, and on one
+  GPU not deferred: xla_gpu_rules), and the points of each kept, so the
+  peak is the largest of the schedules XLA is seen to pick (xla_rules:
+  deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   sim = _Simulation(gpu, sms)
   sim.top = id(jaxpr)
   sim.results = tuple(jaxpr.outvars[donated_outputs:])
   in_place = tuple(xla_rules.donated_in_place(
       jaxpr, jaxpr.outvars[:donated_outputs]))
-  points = sim.transient(jaxpr, in_place_out=in_place, prune=False)
-  order = ["deferred"] * len(points)
+  orders = ORDERS[:1]  # deferring moves nothing: one schedule
   if xla_rules.defer_weight_grads(jaxpr, results=sim.results) is not jaxpr:
-    for other in ORDERS[1:] if gpu else ORDERS[1:2]:
-      more = [(f, l, f"{w} ({ORDER_NOTES[other]})", path, s)
-              for f, l, w, path, s in sim.transient(
-                  jaxpr, in_place_out=in_place, prune=False, order=other)]
-      points += more
-      order += [other] * len(more)
+    orders = (xla_gpu_rules.orders(ORDERS[:3], one_device) if gpu
+              else ORDERS[:2])
+  if gpu and xla_gpu_rules.cublas_logits(jaxpr.eqns)[1]:
+    orders += AUTOTUNED
+  points: list = []
+  order: list = []
+  for o in orders:
+    note = f" ({ORDER_NOTES[o]})" if o in ORDER_NOTES else ""
+    more = [(f, l, f"{w}{note}", path, s) for f, l, w, path, s in
+            sim.transient(jaxpr, in_place_out=in_place, prune=False, order=o)]
+    points += more
+    order += [o] * len(more)
   names = [_part(p[2]) for p in points]
   parts = tuple(dict.fromkeys(names))
   return Points(np.array([p[0] for p in points], dtype=np.int64),

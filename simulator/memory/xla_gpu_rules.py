@@ -87,6 +87,54 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   peak): the traced order with each such matmul where it
                   is and what is made from it alone (its reduce-scatter,
                   the sum into the update) as late as its readers allow.
+  one device      on one GPU (mesh 1x1, no collective in the step) the
+  order           output projection's weight gradient is made in the
+                  loss's backward, before the layers' backward loop, in all
+                  ten h100:1 compiles (#21-#30; entry schedule positions of
+                  the gradient's GEMM / the backward loop: gemm_fusion_dot.40
+                  bf16[768,50257] 133 / while.114 149 in gpt2 b32 full #22,
+                  gemm_fusion_dot.45 bf16[4096,32000] 58 / while.100 104 in
+                  llama2_7b b4 #26, and 115/170, 217/235, 60/86, 65/96,
+                  58/108, 58/105, 58/105, 72/137 in #21, #23, #24, #25,
+                  #27-#30), so the deferred schedule, which holds the f32
+                  logits gradient through the layers' backward (6.1 GiB in
+                  #22, where XLA's peak is in the loss's backward at
+                  gemm_fusion_dot.37), is not simulated there, the traced
+                  and late ones are (#22 +37.0% -> -2.8%). Why XLA:GPU's
+                  scheduler keeps the program's order with nothing to
+                  overlap is not derived; 8 to 16 GPUs (#0-#20) keep the
+                  deferred bound as above.
+  cuBLAS logits   on a real GPU XLA:GPU's GemmFusionAutotuner times each
+                  Triton GEMM fusion against cuBLAS on the device and may
+                  hand the loss's logits matmul to cuBLAS (a custom call
+                  whose f32 result is a tuple element): the f32 logits
+                  gradient is then not written over the forward logits,
+                  and both are live at the add that makes it. qwen2-0.5b
+                  b8 s2048 full on an H100 (#24, experiments/data/
+                  executed_gpu.jsonl): 26,879,040,372 B autotuned, XLA's
+                  peak at loop_add_fusion.14 (the gradient,
+                  f32[8,2048,151936]) beside custom-call.4{0}
+                  (f32[16384,151936], jvp(Decoder)/loss/bsd,dv->bsv), and
+                  17,193,900,916 B with --xla_gpu_autotune_level=0, equal
+                  to the deviceless compile (the gradient alone there,
+                  written over gemm_fusion_dot.39's logits); the same in
+                  #25. The choice is measured on the device, not derived:
+                  the variant is simulated as a schedule of its own (the
+                  traced order with the logits gradient a buffer apart from
+                  the logits, where the simulation otherwise computes it
+                  inside the gradient matmuls' fusions from the logits; at
+                  the top level only: a chunked loss's logits are inside
+                  its loop) on every GPU plan, and the peak and
+                  `fits` take the largest; the deviceless corpus, the
+                  autotune-off program, is compared without it
+                  (MemoryEstimate.deviceless). Against the H100 runs the
+                  estimate is -0.0% on #24 and #25 (-34.9%, -37.2%
+                  without the variant), +1.8% to +5.5% on the llama and
+                  mistral rows (the variant adds nothing there), and an
+                  upper bound where the autotuner kept the logits GEMM in
+                  Triton: gpt2 #21-#23 +27.4%, +62.8%, +44.3% (-4.5% to
+                  +7.8% without it; their real peaks -6.3% to +1.7% of the
+                  deviceless ones).
   split K         XLA:GPU's SplitkRewriter (xla/backends/gpu/transforms/
                   splitk_rewriter.cc; the CUDA plugin 0.10.2 is XLA
                   5a9e73cb, jax's third_party/xla/revision.bzl at jaxlib's
@@ -154,10 +202,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from models import scopes
 from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator.memory import xla_rules
 from simulator.tracing.program import subjaxprs
-from simulator.tracing.trace import made_by_backward, spec_of
+from simulator.tracing.trace import layout_of, made_by_backward
 
 
 def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool,
@@ -227,9 +276,9 @@ def _gathered_off_major(body, outer: dict) -> set:
     if xla_rules.is_view(eqn) or name == "convert_element_type":
       slices[eqn.outvars[0]] = slices[ins[0]]
     elif name == "reshard":
-      before, after = spec_of(eqn.invars[0].aval), spec_of(eqn.outvars[0].aval)
-      if any(a is not None and b != a for a, b in
-             list(zip(before, after))[1:]):
+      before, after = (layout_of(v.aval) for v in (eqn.invars[0],
+                                                    eqn.outvars[0]))
+      if any(set(a) - set(b) for a, b in list(zip(before, after))[1:]):
         found.add(slices[ins[0]])
     elif name not in ("scan", "while"):  # another loop's slices are its own
       for sub in (s for _, s in subjaxprs(eqn)):
@@ -283,6 +332,39 @@ def multi_output_fusions(eqns, size: dict, producer: dict) -> dict:
         if size[v] != (0, 0):
           until[v] = max(until.get(v, later), later)
   return until
+
+
+def orders(simulated: tuple[str, ...], one_device: bool) -> tuple[str, ...]:
+  """The schedules of the step's own weight gradients simulated on a GPU:
+  all of `simulated`, or on one device all but the deferred one (the one-
+  device-order rule)."""
+  return tuple(o for o in simulated if not (one_device and o == "deferred"))
+
+
+def cublas_logits(eqns) -> tuple[set, set]:
+  """The cuBLAS-logits rule's values: the logits (the forward loss's
+  activation matmul outputs) and their gradients (what the backward loss's
+  matmuls read of the logits' shape, through views): in the autotuned
+  schedule each gradient is a buffer of its own, not written over the
+  logits."""
+  def loss_matmuls(backward: bool):
+    return [e for e in eqns if e.primitive.name == "dot_general"
+            and scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)
+            and made_by_backward(e) == backward]
+
+  logits = {v for e in loss_matmuls(False) if xla_rules.activation_matmul(e)
+            for v in e.outvars}
+  shapes = {v.aval.shape for v in logits}
+  producer = {v: e for e in eqns for v in e.outvars}
+  grads = set()
+  for e in loss_matmuls(True):
+    for u in e.invars:
+      while (isinstance(u, jcore.Var) and u in producer
+             and xla_rules.is_view(producer[u])):
+        u = producer[u].invars[0]
+      if isinstance(u, jcore.Var) and u.aval.shape in shapes:
+        grads.add(u)
+  return logits, grads - logits
 
 
 def weight_gradient_reduction(eqn) -> bool:

@@ -24,6 +24,7 @@ from jax.extend import core as jcore
 
 from models import scopes as model_scopes
 from models.config import ModelConfig
+from simulator.tracing import mesh_class
 from simulator.tracing.batch_probe import probe_settings
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step
@@ -72,6 +73,18 @@ def spec_of(aval) -> tuple:
   return spec + (None,) * (len(aval.shape) - len(spec))
 
 
+def layout_of(aval) -> tuple:
+  """`spec_of` without the mesh axes of size 1, per dim a tuple of axes: a
+  dim sharded over an axis of one device is whole on it, so two avals of
+  one layout are the same buffer and a reshard between them moves nothing
+  (XLA partitions for one device: at mesh 1x1 none of the FSDP gathers of
+  a GPU corpus row (#21-#30) is a buffer in XLA's assignment)."""
+  sizes = dict(getattr(getattr(getattr(aval, "sharding", None), "mesh",
+                               None), "shape", {}) or {})
+  return tuple(tuple(a for a in mesh_class.entry_axes(e)
+                     if sizes.get(a, 1) > 1) for e in spec_of(aval))
+
+
 def fusible(eqn) -> bool:
   """Elementwise, or a jitted function made only of elementwise ops; a
   reshard that moves nothing (a scalar, the same spec) is one too."""
@@ -80,7 +93,7 @@ def fusible(eqn) -> bool:
     return True
   if name == "reshard":
     aval = eqn.invars[0].aval
-    return not aval.shape or spec_of(aval) == spec_of(eqn.outvars[0].aval)
+    return not aval.shape or layout_of(aval) == layout_of(eqn.outvars[0].aval)
   inner = _inner_jaxpr(eqn) if name in ("jit", "pjit", "closed_call") else None
   return inner is not None and all(
       fusible(e) or e.primitive.name in VIEW_OPS for e in inner.eqns)

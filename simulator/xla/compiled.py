@@ -421,7 +421,15 @@ def _rel(symbolic: float, compiled: float) -> float | None:
 
 
 def symbolic_side(estimate, target: str) -> dict[str, Any]:
-  """The estimate's figures in the compiler's terms (see `compare`)."""
+  """The estimate's figures in the compiler's terms (see `compare`). For a
+  GPU target they are the deviceless program's (`MemoryEstimate.deviceless`:
+  a compile without the device does not autotune), and
+  `peak_no_overhead_autotuned` is the estimate's own peak, with the
+  schedules XLA's autotuner may pick on a real GPU (xla_gpu_rules, cuBLAS
+  logits): what `fits` holds."""
+  autotuned = int(estimate.compiled_comparable_peak)
+  if target_kind(target) == "gpu":
+    estimate = estimate.deviceless()
   pd = {k: int(v) for k, v in estimate.per_device_bytes.items()}
   batch = int(estimate.batch_bytes)
   sym: dict[str, Any] = dict(pd)
@@ -436,6 +444,7 @@ def symbolic_side(estimate, target: str) -> dict[str, Any]:
   # The liveness-aware peak without the runtime overhead: XLA's figure, and
   # the transient live set at the peak (peak - arguments).
   sym["peak_no_overhead"] = int(estimate.compiled_comparable_peak) - untiled
+  sym["peak_no_overhead_autotuned"] = autotuned - untiled
   sym["temp"] = sym["peak_no_overhead"] - sym["arguments"]
   sym["phases"] = dict(estimate.phase_bytes)
   sym["peak_where"] = estimate.peak_where
