@@ -106,7 +106,10 @@ def recheck(row: dict) -> dict:
   cfg, settings = load_model(case.model), case.settings()
   plan = plan_mesh(parse_topology(case.topology), 1, 1)
   estimate = memory.memory_report(cfg, settings, plan)
-  sym = compiled.symbolic_side(estimate, "gpu")
+  # An autotuned run is held against the estimate with the autotuner's
+  # schedules; one with autotuning off against the deviceless program's.
+  autotuned = "autotune_level=0" not in (config.get("xla_flags") or "")
+  sym = compiled.symbolic_side(estimate, "gpu" if autotuned else case.topology)
   step = roofline.step_estimate(roofline.fit_mesh(cfg, settings, plan),
                                 settings.batch * settings.seq,
                                 roofline.Hardware.for_plan(plan))

@@ -422,13 +422,13 @@ def _rel(symbolic: float, compiled: float) -> float | None:
 
 def symbolic_side(estimate, target: str) -> dict[str, Any]:
   """The estimate's figures in the compiler's terms (see `compare`). For a
-  GPU target they are the deviceless program's (`MemoryEstimate.deviceless`:
-  a compile without the device does not autotune), and
-  `peak_no_overhead_autotuned` is the estimate's own peak, with the
-  schedules XLA's autotuner may pick on a real GPU (xla_gpu_rules, cuBLAS
-  logits): what `fits` holds."""
+  GPU topology (a deviceless compile, which does not autotune) they are the
+  deviceless program's (`MemoryEstimate.deviceless`); on the local GPUs
+  ("gpu"), which autotune, the estimate's own. `peak_no_overhead_autotuned`
+  is always the estimate's own peak, with the schedules XLA's autotuner may
+  pick on a real GPU (xla_gpu_rules, cuBLAS logits): what `fits` holds."""
   autotuned = int(estimate.compiled_comparable_peak)
-  if target_kind(target) == "gpu":
+  if target_kind(target) == "gpu" and target != "gpu":
     estimate = estimate.deviceless()
   pd = {k: int(v) for k, v in estimate.per_device_bytes.items()}
   batch = int(estimate.batch_bytes)
