@@ -37,6 +37,7 @@ from models.scopes import scopes_of
 from simulator.memory import xla_gpu_rules, xla_rules
 from simulator.tracing.batch_probe import carries_batch
 from simulator.tracing.trace import made_by_backward
+from simulator.tracing import loops
 
 Bytes = tuple[int, int]  # (fixed, linear at the traced batch)
 
@@ -230,9 +231,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   for i, eqn in enumerate(eqns):  # a loop's carry: the init's buffer
     if eqn.primitive.name != "scan":
       continue
-    first = eqn.params["num_consts"]
-    for u, v in zip(eqn.invars[first:first + eqn.params["num_carry"]],
-                    eqn.outvars):
+    first, carries = loops.scan_counts(eqn)
+    for u, v in zip(eqn.invars[first:first + carries], eqn.outvars):
       if (isinstance(u, jcore.Var) and u in size and u not in taken
           and size[u] == size[v] != (0, 0) and last.get(u) == i):
         reuses[v] = u

@@ -207,6 +207,7 @@ from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator.memory import xla_rules
 from simulator.tracing.program import subjaxprs
 from simulator.tracing.trace import layout_of, made_by_backward
+from simulator.tracing import loops
 
 
 def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool,
@@ -249,7 +250,7 @@ def weight_stacks(jaxpr, local: bool, gpu: bool) -> tuple[dict, set]:
     if eqn.primitive.name != "scan":
       continue
     body = next(subjaxprs(eqn))[1]
-    first_xs = eqn.params["num_consts"] + eqn.params["num_carry"]
+    first_xs = sum(loops.scan_counts(eqn))
     outer = {a: b for a, b in zip(body.invars[first_xs:],
                                   eqn.invars[first_xs:])
              if isinstance(b, jcore.Var) and b in arguments}

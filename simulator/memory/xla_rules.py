@@ -328,7 +328,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from models import scopes
-from simulator.tracing import mesh_class
+from simulator.tracing import loops, mesh_class
 from simulator.tracing.batch_probe import carries_batch, matmul_kind
 from simulator.memory.tiling import TILE_MINOR
 from simulator.tracing.program import subjaxprs
@@ -609,7 +609,7 @@ def accumulated_stacks(eqns, readers, in_place: set, inputs: set) -> set:
   for eqn in eqns:
     if eqn.primitive.name != "scan":
       continue
-    for v in eqn.outvars[eqn.params["num_carry"]:]:
+    for v in eqn.outvars[loops.scan_counts(eqn)[1]:]:
       users = {id(c): c for c in readers(v)}
       if len(users) != 1:
         continue
@@ -634,13 +634,13 @@ def sunk_into_loops(eqns, readers, producer: dict) -> set:
   else reads as a buffer."""
   def as_constant(loop, v) -> bool:  # read by `loop` only as a constant
     return (loop.primitive.name == "scan"
-            and v not in loop.invars[loop.params["num_consts"]:])
+            and v not in loop.invars[loops.scan_counts(loop)[0]:])
 
   sunk: set = set()
   for eqn in eqns:
     if eqn.primitive.name != "scan":
       continue
-    for v in eqn.invars[:eqn.params["num_consts"]]:
+    for v in eqn.invars[:loops.scan_counts(eqn)[0]]:
       if (isinstance(v, jcore.Var) and v not in sunk
           and _sinkable(v, producer, [0])
           and all(as_constant(c, v) or absorbs(c) for c in readers(v))):
@@ -693,7 +693,7 @@ def donated_in_place(jaxpr, donated: list) -> list:
   donated buffers, those a loop stacks are left out (a buffer of their
   own)."""
   stacked = {v for e in jaxpr.eqns if e.primitive.name == "scan"
-             for v in e.outvars[e.params["num_carry"]:]}
+             for v in e.outvars[loops.scan_counts(e)[1]:]}
   return [v for v in donated if v not in stacked]
 
 
@@ -813,7 +813,7 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
     if eqn.primitive.name != "scan":
       continue
     body = _subjaxprs(eqn)[0]
-    first_xs = eqn.params["num_consts"] + eqn.params["num_carry"]
+    first_xs = sum(loops.scan_counts(eqn))
     outer = {a: b for a, b in zip(body.invars[first_xs:],
                                   eqn.invars[first_xs:])
              if isinstance(b, jcore.Var)}
@@ -898,7 +898,7 @@ def _loop_weight_grads(eqns) -> set:
   free carried outputs of two or more dims."""
   return {v for e in eqns if e.primitive.name == "scan"
           and made_by_backward(e)
-          for v in e.outvars[:e.params["num_carry"]]
+          for v in e.outvars[:loops.scan_counts(e)[1]]
           if len(v.aval.shape) >= 2 and not carries_batch(v.aval.shape)}
 
 

@@ -35,6 +35,7 @@ from models import scopes
 from models.scopes import scopes_of
 from simulator.tracing import mesh_class
 from simulator.tracing.batch_probe import matmul_kind
+from simulator.tracing import loops
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
           "reduce_precision", "squeeze", "expand_dims", "reshape", "neg",
@@ -293,7 +294,7 @@ class _Walker:
       if name == "scan":
         body = eqn.params["jaxpr"].jaxpr
         length = eqn.params["length"]
-        nc, ncarry = eqn.params["num_consts"], eqn.params["num_carry"]
+        nc, ncarry = loops.scan_counts(eqn)
         sctx = dict(ectx, mult=ectx["mult"] * length, depth=ctx["depth"] + 1,
                     layer=ctx["layer"], prefix=ctx["prefix"])
         flags = list(in_data)
@@ -316,7 +317,7 @@ class _Walker:
         continue
       if name == "while":
         bj = eqn.params["body_jaxpr"].jaxpr
-        cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        cn, bn = loops.while_counts(eqn)
         carry = in_data[cn + bn:]
         wctx = dict(ectx, depth=ctx["depth"] + 1, layer=ctx["layer"])
         outs, _ = self.walk(bj, in_data[cn:cn + bn] + carry, wctx,

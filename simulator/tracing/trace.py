@@ -28,6 +28,7 @@ from simulator.tracing import mesh_class
 from simulator.tracing.batch_probe import probe_settings
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step
+from simulator.tracing import loops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +259,7 @@ def _describe(eqn, v, scopes: tuple[str, ...]) -> str:
       origin = producer[origin.invars[0]]
     inner_where = "/".join(model_scopes.scopes_of(origin.source_info.name_stack))
     return f"{inner_where or where}: {_what(made, producer)}, {count}"
-  n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+  n_consts, n_carry = loops.scan_counts(eqn)
   i = body.invars.index(inner) if inner in body.invars else -1
   role = ("loop constant" if 0 <= i < n_consts else
           "layer input" if i < n_consts + n_carry and model_scopes.LAYERS
