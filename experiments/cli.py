@@ -115,6 +115,20 @@ def define_corpus_flags() -> None:
                       "the experiment's own under experiments/")
 
 
+def read_kept_rows(path: str) -> list[dict]:
+  """The JSON lines of a --jsonl file (--from_jsonl), or a one-line error."""
+  import json  # pylint: disable=g-import-not-at-top
+  try:
+    with open(path) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+  except (OSError, ValueError) as e:
+    fail(f"--from_jsonl={path!r}: {e}; give a --jsonl file of an earlier run")
+  if not rows:
+    fail(f"--from_jsonl={path!r} holds no rows; give a --jsonl file of an "
+         "earlier run")
+  return rows
+
+
 def define_target_seq_flag() -> None:
   """--target_seq (the sweep's too)."""
   flags.DEFINE_integer("target_seq", S.TrainSettings().target_seq,

@@ -216,13 +216,8 @@ def write(rows: list[dict], path: str) -> None:
 
 
 def _read(path: str) -> list[dict]:
-  try:
-    with open(path) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
-  except (OSError, ValueError) as e:
-    cli.fail(f"--from_jsonl={path!r}: {e}; give a --jsonl file of an earlier "
-             "run")
-  if not rows or not all(isinstance(r, dict) and "index" in r.get("config", {})
+  rows = cli.read_kept_rows(path)
+  if not all(isinstance(r, dict) and "index" in r.get("config", {})
                          for r in rows):
     cli.fail(f"--from_jsonl={path!r}: not a --jsonl file of execute_gpu "
              "(each line a JSON object with a 'config' and its 'index')")

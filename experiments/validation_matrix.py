@@ -269,15 +269,7 @@ def _chosen(only: str | None) -> list[int]:
 
 
 def _read_rows(path: str) -> list[dict]:
-  try:
-    with open(path) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
-  except (OSError, ValueError) as e:
-    cli.fail(f"--from_jsonl={path!r}: {e}; give a --jsonl file of an earlier "
-             "run")
-  if not rows:
-    cli.fail(f"--from_jsonl={path!r} holds no rows; give a --jsonl file of an "
-             "earlier run")
+  rows = cli.read_kept_rows(path)
   if not all(isinstance(r, dict) and "config" in r for r in rows):
     cli.fail(f"--from_jsonl={path!r}: not a --jsonl file of an earlier run "
              "(each line a JSON object with a 'config')")
