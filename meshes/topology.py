@@ -108,6 +108,8 @@ class Topology:
 
   def describe(self) -> str:
     """E.g. 'v5p-128 (64 chips, 4x4x4)', whichever spelling it was parsed from."""
+    if self.fully_connected and self.hosts == 1 and self.chips == 1:
+      return f"{self.name} (1 GPU)"
     if self.fully_connected and self.hosts == 1:
       return f"{self.name} ({self.chips} GPUs, one NVLink domain)"
     if self.fully_connected:

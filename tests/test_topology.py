@@ -41,6 +41,7 @@ def test_libtpu_names(name, chips, libtpu):
     ("v5e-256", "v5e-256 (256 chips, 16x16)"),
     ("tpu7x:2x2x1", "tpu7x:2x2x1 (4 chips, 2x2x1)"),
     ("h100:8", "h100:8 (8 GPUs, one NVLink domain)"),
+    ("h100:1", "h100:1 (1 GPU)"),
     ("h100:2x8", "h100:2x8 (16 GPUs: 2 hosts x 8, NVLink inside a host, "
      "InfiniBand NDR, 400 Gb/s per GPU between hosts)"),
     ("v5p-256x2", "v5p-256x2 (256 chips: 2 slices of v5p-256 (128 chips, "
