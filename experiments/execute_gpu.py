@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import json
 import multiprocessing
 import os
@@ -80,42 +81,48 @@ def _chosen(only: str | None) -> list[int]:
   return out
 
 
-def _deviceless(config: dict) -> dict | None:
-  """The corpus row of the same case compiled deviceless (pinned jax)."""
+@functools.cache
+def _deviceless() -> dict[int, dict]:
+  """Each case's deviceless compile (pinned jax) from the corpus, by index."""
   if not os.path.exists(gpu_corpus.GPU_CORPUS_JSONL):
-    return None
+    return {}
   with open(gpu_corpus.GPU_CORPUS_JSONL) as f:
-    for line in f:
-      r = json.loads(line)
-      if r["config"].get("index") == config["index"] and "compiled" in r:
-        return r["compiled"]
-  return None
+    rows = [json.loads(line) for line in f if line.strip()]
+  return {r["config"]["index"]: r["compiled"] for r in rows if "compiled" in r}
+
+
+def autotuned(config: dict) -> bool:
+  """Whether the run let XLA:GPU's autotuner pick its kernels (the default;
+  --xla_gpu_autotune_level=0 turns it off)."""
+  return "autotune_level=0" not in (config.get("xla_flags") or "")
 
 
 def recheck(row: dict) -> dict:
   """A kept run with today's symbolic peak, step time and the deviceless
   compile of its case beside it."""
-  from meshes.layout import plan_mesh  # pylint: disable=g-import-not-at-top
+  from meshes.layout import abstract_mesh, plan_mesh  # pylint: disable=g-import-not-at-top
   from meshes.topology import parse_topology  # pylint: disable=g-import-not-at-top
   from models.registry import load_model  # pylint: disable=g-import-not-at-top
-  from simulator import memory  # pylint: disable=g-import-not-at-top
+  from simulator.memory.estimate import estimate_memory  # pylint: disable=g-import-not-at-top
   from simulator.timing import roofline  # pylint: disable=g-import-not-at-top
+  from simulator.tracing.trace import trace_probe  # pylint: disable=g-import-not-at-top
   from simulator.xla import compiled  # pylint: disable=g-import-not-at-top
   config = row["config"]
   case = gpu_corpus.CASES[config["index"]]
   cfg, settings = load_model(case.model), case.settings()
   plan = plan_mesh(parse_topology(case.topology), 1, 1)
-  estimate = memory.memory_report(cfg, settings, plan)
+  traced = trace_probe(cfg, settings, abstract_mesh(plan))  # once, for both
+  estimate = estimate_memory(traced, plan).at_batch(settings.batch)
   # An autotuned run is held against the estimate with the autotuner's
   # schedules; one with autotuning off against the deviceless program's.
-  autotuned = "autotune_level=0" not in (config.get("xla_flags") or "")
-  sym = compiled.symbolic_side(estimate, "gpu" if autotuned else case.topology)
-  step = roofline.step_estimate(roofline.fit_mesh(cfg, settings, plan),
-                                settings.batch * settings.seq,
-                                roofline.Hardware.for_plan(plan))
+  sym = compiled.symbolic_side(estimate, "gpu" if autotuned(config)
+                               else case.topology)
+  step = roofline.step_estimate(
+      roofline.fit_mesh(cfg, settings, plan, traced=traced),
+      settings.batch * settings.seq, roofline.Hardware.for_plan(plan))
   out = {**row, "symbolic": sym, "fits": bool(estimate.fits),
          "predicted_step_seconds": step.step_time, "predicted_mfu": step.mfu,
-         "deviceless": _deviceless(config)}
+         "deviceless": _deviceless().get(config["index"])}
   if "compiled" in row:
     out["relative_error"] = compiled.errors(sym, row["compiled"])
   return out
@@ -158,14 +165,14 @@ def table_row(r: dict) -> list[str]:
 
 def summary(rows: list[dict]) -> list[str]:
   ran = [r for r in rows if "compiled" in r]
-  tuned = [r for r in ran if not r["config"].get("xla_flags")]
+  tuned = [r for r in ran if autotuned(r["config"])]
   errs = [r["relative_error"]["peak_no_overhead"] for r in tuned]
   lines = [f"{len(ran)} of {len(rows)} runs completed on "
            f"{ran[0]['compiled']['measured']['device_kind'] if ran else '?'}"
            f" (jax {rows[0]['config'].get('jax')})."]
   if errs:
-    lines.append(f"- symbolic peak vs the GPU's XLA peak, autotuned (default "
-                 f"XLA_FLAGS), {len(errs)} runs: |error| median "
+    lines.append(f"- symbolic peak vs the GPU's XLA peak, autotuned, "
+                 f"{len(errs)} runs: |error| median "
                  f"{100 * statistics.median(map(abs, errs)):.2f}%, from "
                  f"{100 * min(errs):+.2f}% to {100 * max(errs):+.2f}%")
   gaps = [(r["compiled"]["measured"]["peak_bytes_in_use"]

@@ -41,7 +41,7 @@ def test_arguments_exact_on_the_gpu(rows):
 def test_deviceless_compile_is_the_gpu_program_without_autotuning(rows):
   """With XLA:GPU's autotuner off, the H100's compiled peak is the deviceless
   compile's to the byte (another jax release); autotuned, it moves."""
-  off = [r for r in rows if "autotune_level=0" in r["config"]["xla_flags"]]
+  off = [r for r in rows if not execute_gpu.autotuned(r["config"])]
   assert off
   for r in off:
     assert r["compiled"]["peak_bytes"] == r["deviceless"]["peak_bytes"]

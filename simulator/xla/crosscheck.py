@@ -72,11 +72,11 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
   if "compiled" not in row and "oom" not in row:
     return row
   config = row["config"]
+  target = config.get("target") or config["topology"]
   x, y = parse_mesh(config["mesh"])
   estimate, program = _symbolic(load_model(config["model"]),
                                 settings_of(config), config["topology"], x, y)
-  sym = compiled.symbolic_side(estimate, config.get("target")
-                               or config["topology"])
+  sym = compiled.symbolic_side(estimate, target)
   if "oom" in row:
     needed = row["oom"]["temp_bytes"]
     return {**row, "symbolic": sym,
@@ -88,8 +88,7 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
           "collectives": compiled.compare_collectives(
               program.collectives, comp["collectives"]),
           "flops": compiled.compare_flops(
-              program.dots, _comparable_flops(comp.get("flops"), config.get(
-                  "target") or config["topology"]))}
+              program.dots, _comparable_flops(comp.get("flops"), target))}
 
 
 _OOM = re.compile(r"CompileTimeHbmOom.*?temporaries \(([\d.]+)G\) exceeds "
