@@ -35,9 +35,9 @@ from jax.extend import core as jcore
 
 from models.scopes import scopes_of
 from simulator.memory import xla_gpu_rules, xla_rules
+from simulator.tracing import loops
 from simulator.tracing.batch_probe import carries_batch
 from simulator.tracing.trace import made_by_backward
-from simulator.tracing import loops
 
 Bytes = tuple[int, int]  # (fixed, linear at the traced batch)
 

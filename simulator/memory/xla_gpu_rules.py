@@ -203,11 +203,11 @@ import numpy as np
 from jax.extend import core as jcore
 
 from models import scopes
+from simulator.tracing import loops
 from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator.memory import xla_rules
 from simulator.tracing.program import subjaxprs
 from simulator.tracing.trace import layout_of, made_by_backward
-from simulator.tracing import loops
 
 
 def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool,

@@ -33,9 +33,8 @@ from jax.extend import core as jcore
 
 from models import scopes
 from models.scopes import scopes_of
-from simulator.tracing import mesh_class
+from simulator.tracing import loops, mesh_class
 from simulator.tracing.batch_probe import matmul_kind
-from simulator.tracing import loops
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
           "reduce_precision", "squeeze", "expand_dims", "reshape", "neg",

@@ -24,11 +24,10 @@ from jax.extend import core as jcore
 
 from models import scopes as model_scopes
 from models.config import ModelConfig
-from simulator.tracing import mesh_class
+from simulator.tracing import loops, mesh_class
 from simulator.tracing.batch_probe import probe_settings
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step
-from simulator.tracing import loops
 
 
 @dataclasses.dataclass(frozen=True)
