@@ -17,10 +17,11 @@ from meshes.topology import parse_topology
 from models import scopes
 from models.registry import load_model
 from simulator.tracing.batch_probe import PROBE
+from simulator.tracing.program import subjaxprs
 from simulator import memory
 from simulator.memory import liveness, xla_gpu_rules, xla_rules
 from simulator.settings import TrainSettings
-from simulator.tracing.trace import trace_probe
+from simulator.tracing.trace import made_by_backward, trace_probe
 
 
 def _buffers(fn, *args, gpu: bool) -> dict[str, int]:
@@ -241,6 +242,128 @@ def test_one_gpu_keeps_the_output_projection_gradient_in_place(
   assert set(est.points.order) == ({"deferred"} if deferred else set()) | {
       "traced", "late", "cublas"}
   assert xla_gpu_rules.orders(liveness.ORDERS[:3], True) == ("traced", "late")
+  assert xla_gpu_rules.orders(liveness.ORDERS[:3], True,
+                              xla_gpu_rules.Sms(108, 8)) == ("traced", "memory")
+
+
+@pytest.mark.parametrize("topology,orders", [
+    ("a100:8", {"traced", "memory", "cublas"}),
+    ("h100:8", {"deferred", "traced", "late", "cublas"})])
+def test_an_a100_keeps_the_memory_schedulers_order(topology, orders):
+  """The memory-scheduler-order rule: where XLA:GPU's latency-hiding
+  scheduler does not run (sm_80), the traced order and the memory
+  scheduler's zero-filled loop outputs at the step's start are simulated,
+  not the deferred or late ones."""
+  est = memory.memory_report(load_model("tiny"),
+                             TrainSettings(batch=32, seq=128),
+                             plan_mesh(parse_topology(topology), 8, 1))
+  assert set(est.points.order) == orders
+
+
+def test_the_memory_order_holds_the_loops_outputs_from_the_start():
+  """Each loop's stacked outputs are live from the step's first equation to
+  their loop; the memory order's peak is never under the traced order's."""
+  plan = plan_mesh(parse_topology("a100:8"), 8, 1)
+  j = trace_probe(load_model("tiny"), TrainSettings(batch=32, seq=128),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  sim = liveness._Simulation(gpu=True)  # pylint: disable=protected-access
+  sim.top = id(j)
+  plan_of = lambda order: sim.plan(j, False, (), order)
+  early = plan_of("memory").stacks.keys() - plan_of("traced").stacks.keys()
+  scans = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"]
+  assert len(scans) >= 2 and early
+  for v, _, rule in early:
+    assert rule == "early"
+    i = next(i for i in scans if v in j.eqns[i].outvars)
+    assert plan_of("memory").stacks[(v, _, rule)][:2] == (0, i - 1)
+  points = liveness.simulate(j, 0, gpu=True,
+                             sms=xla_gpu_rules.Sms(108, 8))
+  peak = lambda o: max(int(f + l) for f, l, k in
+                       zip(points.fixed, points.linear, points.order)
+                       if k == o)
+  assert peak("memory") >= peak("traced")
+
+
+def test_the_embedding_gradients_fill_is_made_when_the_backward_starts():
+  """The early-scatter-fill rule: the zero fill the embedding's gradient is
+  scatter-added into is live from the backward pass's first equation to
+  its call, per device."""
+  plan = plan_mesh(parse_topology("h100:8"), 8, 1)
+  j = trace_probe(load_model("tiny"), TrainSettings(batch=32, seq=128),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  fills = xla_gpu_rules.early_scatter_fills(j)
+  assert len(fills) == 1
+  (fill, dtype, rule), (first, last, nbytes) = next(iter(fills.items()))
+  cfg = load_model("tiny")
+  assert nbytes == (cfg.vocab_size * cfg.d_model * dtype.itemsize, 0)
+  assert made_by_backward(j.eqns[first]) and not any(
+      made_by_backward(e) for e in j.eqns[:first])
+  call = j.eqns[last + 1]
+  assert "_embed" in str(call.source_info.name_stack)
+  assert rule == "fill" and call.primitive.name == "shard_map"
+
+
+def test_a_gpu_runs_the_chunked_loss_forward_loop_last():
+  """The sunk-loss rule on a GPU (as on a TPU): in the deferred order the
+  chunked loss's forward loop, which only the loss value reads, runs after
+  the layers' backward loop."""
+  plan = plan_mesh(parse_topology("h100:8"), 8, 1)
+  closed = trace_probe(load_model("tiny"),
+                       TrainSettings(batch=32, seq=128, loss_chunks=4),
+                       abstract_mesh(plan)).jaxpr
+  j = closed.jaxpr
+  loss_value = j.outvars[-1:]
+  moved = xla_gpu_rules.defer_step_weight_grads(j, tuple(loss_value))
+  def loops(jx):
+    scans = [(i, str(e.source_info.name_stack)) for i, e in enumerate(jx.eqns)
+             if e.primitive.name == "scan"]
+    forward_loss = [i for i, n in scans if "transpose(" not in n
+                    and "loss" in n]
+    backward_layers = [i for i, n in scans if "transpose(" in n
+                       and "layers" in n]
+    return forward_loss, backward_layers
+  forward_loss, backward_layers = loops(j)
+  assert forward_loss and backward_layers
+  assert max(forward_loss) < min(backward_layers)
+  forward_loss, backward_layers = loops(moved)
+  assert min(forward_loss) > max(backward_layers)
+
+
+def test_a_chunked_losss_weight_gradient_is_summed_in_its_gemm():
+  """The GEMM-epilogue rule: in a loop body on a GPU the output weight's
+  gradient chunk, cast to bf16 and added into the loop's accumulator, is
+  made inside its GEMM (no f32 buffer of its own); outside a loop the
+  no-output-fusion rule gives it one."""
+  plan = plan_mesh(parse_topology("h100:8"), 8, 1)
+  j = trace_probe(load_model("tiny"),
+                  TrainSettings(batch=32, seq=128, loss_chunks=4),
+                  abstract_mesh(plan)).jaxpr.jaxpr
+  loop = next(e for e in j.eqns if e.primitive.name == "scan"
+              and made_by_backward(e)
+              and "loss" in str(e.source_info.name_stack))
+  body = _holding_weight_grad(loop.params["jaxpr"].jaxpr)
+  grad = next(e.outvars[0] for e in body.eqns
+              if e.primitive.name == "dot_general"
+              and not xla_rules.activation_matmul(e))
+  size = lambda in_loop: liveness._plan(  # pylint: disable=protected-access
+      body, False, body.outvars, set(), {}, gpu=True, in_loop=in_loop).size
+  assert size(True)[grad] == (0, 0)
+  assert size(False)[grad] != (0, 0)
+
+
+def _holding_weight_grad(jaxpr):
+  """The jaxpr (this one or one it calls, not through loops) with a
+  weight-gradient matmul among its own equations."""
+  if any(e.primitive.name == "dot_general"
+         and not xla_rules.activation_matmul(e) for e in jaxpr.eqns):
+    return jaxpr
+  for e in jaxpr.eqns:
+    if not xla_rules.is_loop(e):
+      for _, sub in subjaxprs(e):
+        found = _holding_weight_grad(sub)
+        if found is not None:
+          return found
+  return None
 
 
 def test_a_program_without_weight_gradients_is_left_as_it_is():

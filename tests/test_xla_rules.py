@@ -15,7 +15,7 @@ from simulator.tracing.batch_probe import PROBE
 from simulator import memory
 from simulator.memory import liveness, xla_rules
 from simulator.settings import TrainSettings
-from simulator.tracing.trace import trace_probe
+from simulator.tracing.trace import made_by_backward, trace_probe
 
 
 def _eqn(jaxpr, name):
@@ -605,3 +605,22 @@ def test_the_rule_list_is_the_docstring_s():
   assert "copy.484-486" in found["copied cast weights"]
   assert "expert_axis=x" in found["copied cast weights"]
 
+
+
+def test_the_dequantized_8bit_moments_are_made_first():
+  """The early-dequantized-state rule: with 8-bit AdamW the moments'
+  dequantization (argument-only, f32 out of int8 in) is moved to the step's
+  start with what is made from it alone; with AdamW nothing moves."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  def jaxpr(optimizer):
+    return trace_probe(load_model("gpt2"),
+                       TrainSettings(batch=8, seq=128, optimizer=optimizer),
+                       abstract_mesh(plan)).jaxpr.jaxpr
+  plain = jaxpr("adamw")
+  assert xla_rules.hoist_dequantized_state(plain) is plain
+  j = jaxpr("adamw_8bit")
+  moved = xla_rules.hoist_dequantized_state(j)
+  first = [e for e in moved.eqns[:8] if e.primitive.name == "shard_map"]
+  assert first and not any(made_by_backward(e) for e in moved.eqns[:8])
+  assert all(v.aval.dtype == jnp.float32 for e in first for v in e.outvars)
+  assert sorted(map(id, moved.eqns)) == sorted(map(id, j.eqns))

@@ -277,23 +277,32 @@ class _Simulation:
     """`order` (ORDERS): "deferred", weight gradients moved late (the
     deferred-weight-gradients rule); "traced", the traced program's order;
     "late", that order with their collectives late; "cublas", the traced
-    order with the logits apart from their gradient (xla_gpu_rules)."""
+    order with the logits apart from their gradient; "memory", the traced
+    order with the step's loops' stacked outputs zero-filled at its start
+    (xla_gpu_rules)."""
     key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
       if order == "deferred" and self.gpu and id(jaxpr) == self.top:
-        jaxpr = xla_gpu_rules.defer_step_weight_grads(jaxpr)
+        jaxpr = xla_gpu_rules.defer_step_weight_grads(jaxpr, self.results)
       elif order == "deferred":
         jaxpr = xla_rules.defer_weight_grads(
             jaxpr, results=self.results if id(jaxpr) == self.top else ())
       elif order == "late":
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
+      if id(jaxpr) == self.top and not self.gpu:
+        jaxpr = xla_rules.hoist_dequantized_state(jaxpr)
       jaxpr, held = xla_rules.stream_offloaded_update(jaxpr)
       stacks, hoisted = xla_gpu_rules.weight_stacks(jaxpr, local, self.gpu)
       self.hoisted |= hoisted
-      self.plans[key] = _plan(jaxpr, local, in_place_out, self.hoisted,
-                              stacks, held, self.gpu,
-                              self.sms if self.gpu else None,
-                              key[0] in self.looped, order == "cublas")
+      plan = _plan(jaxpr, local, in_place_out, self.hoisted, stacks, held,
+                   self.gpu, self.sms if self.gpu else None,
+                   key[0] in self.looped, order == "cublas")
+      if key[0] == self.top and order == "memory":
+        plan.stacks.update(xla_gpu_rules.early_loop_outputs(plan.jaxpr,
+                                                            plan.size))
+      elif key[0] == self.top and self.gpu and order == "deferred":
+        plan.stacks.update(xla_gpu_rules.early_scatter_fills(plan.jaxpr))
+      self.plans[key] = plan
     return self.plans[key]
 
   @staticmethod
@@ -387,10 +396,14 @@ class _Simulation:
                   "matmul": "copied to the transposed layout",
                   "copy": "copied (its own layout)",
                   "gathered": "copied heads-major for its gathered matmuls",
-                  "gather": "transposed for its all-gather"}[rule]
+                  "gather": "transposed for its all-gather",
+                  "early": "zero-filled early",
+                  "fill": "zero-filled early for its scatter-add"}[rule]
           out.append(LiveBuffer(
-              f"{stack.aval.str_short()} {what} outside its loop",
-              xla_rules.shape_of(stack.aval, local), str(dtype),
+              f"{stack.aval.str_short()} {what}"
+              + ("" if rule == "fill" else " outside its loop"),
+              xla_rules.shape_of(stack.aval, local or rule == "fill"),
+              str(dtype),
               plan.stacks[v][2], (), False, hoisted=True))
         else:
           out.append(buffer(v, producer[v]))
@@ -538,11 +551,13 @@ class Points:
 # (GPU only: xla_gpu_rules); and on a GPU the traced order with the logits
 # matmul on cuBLAS, as XLA's autotuner may pick on a real GPU (AUTOTUNED:
 # left out where a deviceless compile is compared).
-ORDERS = ("deferred", "traced", "late", "cublas")
+ORDERS = ("deferred", "traced", "late", "cublas", "memory")
 AUTOTUNED = ("cublas",)
 ORDER_NOTES = {"traced": "weight gradients in traced order",
                "late": "weight gradients in traced order, collectives late",
-               "cublas": "traced order, logits matmul on cuBLAS (autotuned)"}
+               "cublas": "traced order, logits matmul on cuBLAS (autotuned)",
+               "memory": "the memory scheduler's order: loop outputs "
+                         "zero-filled first"}
 
 
 def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
@@ -565,8 +580,9 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
       jaxpr, jaxpr.outvars[:donated_outputs]))
   orders = ORDERS[:1]  # deferring moves nothing: one schedule
   if xla_rules.defer_weight_grads(jaxpr, results=sim.results) is not jaxpr:
-    orders = (xla_gpu_rules.orders(ORDERS[:3], one_device) if gpu
-              else ORDERS[:2])
+    orders = ORDERS[:3] if gpu else ORDERS[:2]
+  if gpu:
+    orders = xla_gpu_rules.orders(orders, one_device, sms)
   if gpu and xla_gpu_rules.cublas_logits(jaxpr.eqns)[1]:
     orders += AUTOTUNED
   points: list = []

@@ -102,8 +102,57 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   gemm_fusion_dot.37), is not simulated there, the traced
                   and late ones are (#22 +37.0% -> -2.8%). Why XLA:GPU's
                   scheduler keeps the program's order with nothing to
-                  overlap is not derived; 8 to 16 GPUs (#0-#20) keep the
+                  overlap is not derived; 8 to 16 H100s and H200s keep the
                   deferred bound as above.
+  sunk loss       the sunk-loss rule (xla_rules, deferred weight gradients)
+  on a GPU        holds on an H100 too: in llama3_8b h100:2x8 16x1 b32
+                  loss_chunks=4 (#41) the chunked loss's forward loop, which
+                  only the loss value reads, runs after the layers' backward
+                  loop (while.255 at schedule position 106, while.238 at 100),
+                  with the gathered bf16 output weight (all-gather-done.14,
+                  bf16[4096,128256], 1002 MiB) live from 72 to it, and so does
+                  mistral_7b h100:2x8 8x2 loss_chunks=4 (#52, the gathered
+                  weight all-gather-start.18 and the loop's iota and constant
+                  fill, s32 and f32[4,1024,16000], live at XLA's peak in the
+                  layers' backward); the deferred schedule on a GPU sinks that
+                  loop. Its iota and fill stay where they are made (early in
+                  #52 and #49; in #41 the iota is made just before the loop,
+                  the fill early). An upper bound where XLA runs the loop
+                  before the layers' backward: llava_mini h100:8 8x1 (#49,
+                  while.239 at 148, the layers' backward at 158), +24.59%,
+                  where the traced schedule is -24.44%.
+  early           the zero fill the embedding's gradient is scatter-added into
+  scatter fill    (a broadcast of a literal, no operands) is made when the
+                  backward pass starts, not at the scatter: XLA:GPU's sibling
+                  multi-output fusion makes it with the chunked loss's
+                  accumulator fill of the same shape (loop_broadcast_fusion.6,
+                  two bf16[4096,128256], at 63 in #41, before the loss's
+                  backward loop at 75; its scatter, input_scatter_fusion, at
+                  112; in #49 at 122, before the loss's backward loop at 135),
+                  and with nothing to share it with it is still early (gpt2
+                  h100:8 8x1 adamw_8bit, #42: loop_broadcast_fusion.16,
+                  bf16[768,50257], live at XLA's peak in the layers'
+                  backward). Simulated in the deferred schedule, from the
+                  backward pass's first equation to the call that scatters
+                  into it (#42 -5.18% -> -0.39%, #0 -4.18% -> +0.39%).
+  GEMM epilogue   the one exception to no output fusion: in a loop body a
+                  weight-gradient GEMM whose f32 result is only cast to bf16
+                  and added into the loop's accumulator (a chunked loss's
+                  output-weight gradient) takes the cast and the add in, as
+                  XLA:TPU's narrowed-weight-gradients rule has it:
+                  gemm_fusion_dot.89 bf16[128256,4096] = add(accumulator,
+                  convert(dot)) in #41's loss backward loop,
+                  gemm_fusion_dot.136 bf16[32064,1024] in #49's; no f32 [V, d]
+                  buffer (2004 MiB in #41) is made. #38, #41 and #42 were
+                  compiled as held-out rows and came out more than 5% under
+                  (-5.46%, -5.92%, -5.18%); these three rules were read off
+                  their dumps, which moved them to the tuned part (now -3.67%,
+                  +2.60%, -0.39%). Held out after the rules: #44-#48 (t5, 8
+                  and 2 loss chunks, 8-bit AdamW on h200, a mixture of
+                  experts) +0.64% to +4.27%; #50-#55 (4 hosts at seq 8192, 13B
+                  on H200s, mistral_7b 8x2 with 4 loss chunks and names remat,
+                  A100s with 8-bit AdamW, LoRA and a mixture of experts)
+                  -4.39% to +9.19%.
   cuBLAS logits   on a real GPU XLA:GPU's GemmFusionAutotuner times each
                   Triton GEMM fusion against cuBLAS on the device and may
                   hand the loss's logits matmul to cuBLAS (a custom call
@@ -169,27 +218,45 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   not split; their weight gradients one split in 4 (6.75
                   MiB), apart split in 8 (4.5 MiB each, one at a time).
 
-Not modelled, a scheduler choice (read off #16, #19 and #20): the deferred
-and late schedules above are what XLA:GPU's latency-hiding scheduler makes
-of the memory scheduler's order. The CUDA plugin 0.10.2 runs it for the
-H100 and H200 targets (their optimized modules' instructions carry
-`scheduling_name`; TF_CPP_VMODULE=gpu_hlo_schedule=1 logs "Using unified
-latency estimator") and not for the A100 (sm_80), where the memory
-scheduler's order stands: #16 and its H100 twin #19 both pick its DFS
-sequence (14.05 GiB, TF_CPP_VMODULE=hlo_memory_scheduler=2), which makes
-the output projection's gradient, its all-reduce and its update, and the
-final norm's scale gradient, in the loss's backward. The output
-projection's weight-gradient GEMM runs after the layers' backward in 16 of
-17 H100/H200 compiles (the corpus's and #19; #3, 8x1, the exception) and
-in none of 8 A100 compiles (#7, #11, #16, #20, three variants of #16 and
-#16 with XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true: the
-LHS runs and still does not defer it). The
-deferred schedule stays the bound on an A100: it holds d(logits) through
-the layers' backward where XLA does not (#16 +14.80%, #20 +10.45%), but
-without it #11 is 15% under (XLA's peak there is in the loss's backward,
-the layers' gradient accumulators zero-filled before it, which only the
-deferred schedule's peak covers: the traced and late ones reach 1.29 GiB
-of transients, XLA 1.63; MemoryEstimate.points, each point's `order`).
+  memory-         the deferred and late schedules above are what XLA:GPU's
+  scheduler       latency-hiding scheduler makes of the memory scheduler's
+  order           order. The CUDA plugin 0.10.2 runs it for the H100 and H200
+                  targets (their optimized modules' instructions carry
+                  `scheduling_name`; TF_CPP_VMODULE=gpu_hlo_schedule=1 logs
+                  "Using unified latency estimator") and not for the A100
+                  (sm_80), where the memory scheduler's order stands (#16 and
+                  its H100 twin #19 both pick its DFS sequence, 14.05 GiB,
+                  TF_CPP_VMODULE=hlo_memory_scheduler=2). There the output
+                  projection's weight-gradient GEMM runs in the loss's
+                  backward in all 8 A100 compiles (#7, #11, #16, #20, three
+                  variants of #16, and #16 with XLA_FLAGS=
+                  --xla_gpu_enable_latency_hiding_scheduler=true), against 16
+                  of 17 H100/H200 compiles after the layers' backward; so the
+                  deferred and late schedules are not simulated on an A100.
+                  What the memory scheduler moves instead is the zero-filled
+                  buffers of the loops' stacked outputs (JAX lowers a scan's
+                  ys to a while loop writing into a broadcast zero; the
+                  broadcast has no operands): in #20, #11 and #7 every one of
+                  them is made at the start of the step, before the forward
+                  loop (loop_broadcast_fusion.8-.12 at schedule positions
+                  81-97 of #20, the forward while.195 at 102; 77-115 and
+                  while.222 at 120 in #11; 61-90 and while.210 at 107 in #7),
+                  so the layers' f32 weight-gradient stacks are live through
+                  the forward and the loss, where XLA's peak is
+                  (gemm_fusion_dot.80 in #20, .77 in #11); in #16 they are
+                  made just before the backward loop (140-151, while.211 at
+                  153), as the traced order has them. Which of the two the
+                  scheduler's heuristics (list, DFS, post-order, the smallest
+                  peak kept) give is not derived, so both are simulated (the
+                  "memory" schedule: each top-level loop's stacked outputs
+                  live from the step's first equation to their loop) and the
+                  larger peak kept: #20 +10.45% -> +2.04%, #16 +14.80% ->
+                  +7.79% (an upper bound: XLA's peak is in the backward loop),
+                  #11 +7.29% -> -1.29% (the traced order alone: -15.65%), #7
+                  +4.39% -> 0.00%. Held out (compiled after the rule was
+                  written, #31-#36: 8x2, 4x2, 16x1, 8x1, 1x1 and 2x8 zero1 on
+                  A100s): -2.06% to +5.49% (the rules before: +0.78% to
+                  +23.28%).
 """
 
 from __future__ import annotations
@@ -213,10 +280,12 @@ from simulator.tracing.trace import layout_of, made_by_backward
 def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool,
                         in_loop: bool = False) -> set:
   """The values made inside matmuls' output fusions
-  (xla_rules.matmul_fusion_chain); none on a GPU (the no-output-fusion
-  rule)."""
-  return set() if gpu else xla_rules.matmul_fusion_chain(eqns, readers, outs,
-                                                         in_loop)
+  (xla_rules.matmul_fusion_chain); on a GPU only a loop's narrowed weight
+  gradients (the GEMM-epilogue rule; otherwise the no-output-fusion rule)."""
+  if gpu and not in_loop:
+    return set()
+  return xla_rules.matmul_fusion_chain(eqns, readers, outs, in_loop,
+                                       narrowed_only=gpu)
 
 
 def sunk_into_loops(eqns, readers, producer: dict, gpu: bool) -> set:
@@ -256,6 +325,8 @@ def weight_stacks(jaxpr, local: bool, gpu: bool) -> tuple[dict, set]:
              if isinstance(b, jcore.Var) and b in arguments}
     for stack in _gathered_off_major(body, outer):
       shape = xla_rules.shape_of(stack.aval, local)
+      if carries_batch(shape):  # a pipeline's stacked activations: no weight
+        continue
       key = (stack, np.dtype(stack.aval.dtype), "gather")
       first = stacks.get(key, (i,))[0]
       stacks[key] = (first, i, (math.prod(shape) * key[1].itemsize, 0))
@@ -335,11 +406,75 @@ def multi_output_fusions(eqns, size: dict, producer: dict) -> dict:
   return until
 
 
-def orders(simulated: tuple[str, ...], one_device: bool) -> tuple[str, ...]:
+def orders(simulated: tuple[str, ...], one_device: bool,
+           sms: "Sms | None" = None) -> tuple[str, ...]:
   """The schedules of the step's own weight gradients simulated on a GPU:
   all of `simulated`, or on one device all but the deferred one (the one-
-  device-order rule)."""
+  device-order rule); where XLA:GPU's latency-hiding scheduler does not run
+  (`sms` older than Hopper), the memory scheduler's two placements of the
+  loops' zero-filled outputs, the traced one and "memory" (the memory-
+  scheduler-order rule)."""
+  if sms is not None and not sms.latency_hiding:
+    return ("traced", "memory")
   return tuple(o for o in simulated if not (one_device and o == "deferred"))
+
+
+def early_loop_outputs(jaxpr, size: dict) -> dict:
+  """The memory-scheduler-order rule's buffers, as weight stacks are kept
+  ({(value, dtype, "early"): (0, last index before its loop, bytes)}): the
+  stacked outputs of each of `jaxpr`'s loops, zero-filled at the step's
+  start and live from there to their loop, which holds them from then on."""
+  out = {}
+  for i, eqn in enumerate(jaxpr.eqns):
+    if eqn.primitive.name != "scan" or i == 0:
+      continue
+    for v in eqn.outvars[loops.scan_counts(eqn)[1]:]:
+      if size.get(v, (0, 0)) != (0, 0):
+        out[(v, np.dtype(v.aval.dtype), "early")] = (0, i - 1, size[v])
+  return out
+
+
+def early_scatter_fills(jaxpr) -> dict:
+  """The early-scatter-fill rule's buffers, as weight stacks are kept
+  ({(fill, dtype, "fill" if its aval is per device else "early"): (the
+  backward pass's first index, last index before its call, bytes)}): the
+  zero fill each of `jaxpr`'s calls scatter-adds into (the embedding's
+  gradient), made when the backward pass starts."""
+  first = next((i for i, e in enumerate(jaxpr.eqns) if made_by_backward(e)),
+               len(jaxpr.eqns))
+  out = {}
+  for i, eqn in enumerate(jaxpr.eqns[first + 1:], first + 1):
+    if xla_rules.is_loop(eqn):
+      continue
+    for fill, local in _scattered_fills(eqn, False):
+      shape = xla_rules.shape_of(fill.aval, local)
+      nbytes = math.prod(shape) * fill.aval.dtype.itemsize
+      out[(fill, np.dtype(fill.aval.dtype), "fill" if local else "early")
+          ] = (first, i - 1, (nbytes, 0))
+  return out
+
+
+def _scattered_fills(eqn, local: bool) -> list[tuple]:
+  """(value, whether its aval is per device) of each zero fill (a
+  broadcast of a literal) a call's bodies scatter-add into, through views,
+  not inside loops."""
+  found = []
+  for sub, sub_local, _ in xla_rules.calls(eqn, local):
+    made = {v: e for e in sub.eqns for v in e.outvars}
+    for e in sub.eqns:
+      if e.primitive.name == "scatter-add":
+        v = e.invars[0]
+        while (isinstance(v, jcore.Var) and v in made
+               and (xla_rules.is_view(made[v])
+                    or made[v].primitive.name == "pvary")):
+          v = made[v].invars[0]
+        fill = made.get(v) if isinstance(v, jcore.Var) else None
+        if (fill is not None and fill.primitive.name == "broadcast_in_dim"
+            and not any(isinstance(u, jcore.Var) for u in fill.invars)):
+          found.append((v, sub_local))
+      elif not xla_rules.is_loop(e):
+        found += _scattered_fills(e, sub_local)
+  return found
 
 
 def cublas_logits(eqns) -> tuple[set, set]:
@@ -377,11 +512,14 @@ def weight_gradient_reduction(eqn) -> bool:
           and not carries_batch(eqn.outvars[0].aval.shape))
 
 
-def defer_step_weight_grads(jaxpr):
+def defer_step_weight_grads(jaxpr, results: tuple = ()):
   """The step's own jaxpr in the deferred order on a GPU: its weight-
   gradient matmuls and reductions, and what is made from them alone, as
-  late as their readers allow (the deferred-scale-gradients rule)."""
-  return xla_rules.defer_weight_grads(jaxpr, also=weight_gradient_reduction)
+  late as their readers allow (the deferred-scale-gradients rule), and a
+  loop only the outputs `results` need last (the sunk-loss rule)."""
+  return xla_rules.defer_weight_grads(jaxpr, also=weight_gradient_reduction,
+                                      results=results)
+
 
 
 # --------------------------------------------------------------------------
@@ -399,6 +537,13 @@ class Sms:
 
   cores: int  # SMs: DeviceDescription::core_count
   major: int  # CUDA compute capability major
+
+  @property
+  def latency_hiding(self) -> bool:
+    """Whether XLA:GPU (the CUDA plugin 0.10.2) runs its latency-hiding
+    scheduler for this GPU: for Hopper (sm_90) and later, not for the A100
+    (the memory-scheduler-order rule)."""
+    return self.major >= 9
 
   def weights(self) -> tuple[float, float, float, float]:
     """GetCostWeights: compute, memory, reduction memory, reduction launch."""

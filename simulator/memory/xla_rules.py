@@ -163,6 +163,23 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   leaf's inputs and outputs and the next leaf's fetches);
                   a value copied to host memory is made whole first (a DMA
                   reads a buffer) and its donated HBM buffer is not written;
+  early           what the optimizer's update computes from the step's
+  dequantized     arguments alone and that is larger than what it reads (8-bit
+  state           AdamW's moments: int8 codes and block scales turned into f32
+                  values, gather_fusion over the dynamic map) may be made
+                  before the forward pass: in llama3_8b v5e-32 16x2 b32
+                  adamw_8bit (#110) the four MLP moments'
+                  gather_fusion.11-.14, f32[58720256] (224 MiB each), run at
+                  schedule positions 140-188, before the forward loop
+                  while.315 at 398, and are live at XLA's peak in the loss
+                  with the f32 logits (-26.01% without the rule, +0.18% with
+                  it); in gpt2 v5p-8 4x1 (#81) and llama2_7b v5p-8 2x2 (#80)
+                  the gathers run after the backward loop (#81:
+                  gather_fusion.32 at 310, while.331 at 277). Which the
+                  scheduler does is not derived, so the bound is taken: the
+                  dequantized state is made at the step's start in every TPU
+                  schedule (#81 +6.05% -> +34.29%, #80 +2.64% -> +30.49%, an
+                  over-estimate; no other row moves).
   deferred weight a weight-gradient matmul is made as late as its readers
   gradients       allow: in a layer's backward after the attention backward
                   (the MLP's and attention's weight-gradient fusions come
@@ -517,8 +534,8 @@ def widening(eqn) -> bool:
           and _itemsize(eqn.outvars[0]) > _itemsize(eqn.invars[0]))
 
 
-def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False
-                        ) -> set:
+def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False,
+                        narrowed_only: bool = False) -> set:
   """The values made inside matmuls' output fusions: each activation
   matmul's result, a weight gradient's whose one reader is a narrowing cast
   (the narrowed-weight-gradients rule; outside a loop (`in_loop`) only one
@@ -526,11 +543,12 @@ def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False
   inside such a fusion in its body, and what the elementwise ops reading
   them make while each value has one reader (`readers(v)`: v's readers
   through views) and is not one of the jaxpr's outputs `outs`; the chain's
-  last value is the fusion's output."""
+  last value is the fusion's output. `narrowed_only`: the narrowed weight
+  gradients alone (a GPU's GEMM epilogue: xla_gpu_rules)."""
   chained: set = set()
   for eqn in eqns:
     one = lambda u: len({id(c) for c in readers(u)}) == 1
-    if activation_matmul(eqn) or (
+    if (activation_matmul(eqn) and not narrowed_only) or (
         _matmul_kind(eqn) == "weight_grad" and one(eqn.outvars[0])
         and (in_loop or not partial_sums(eqn))
         and _narrowed(next(iter(readers(eqn.outvars[0]))), readers)) or (
@@ -850,8 +868,9 @@ def defer_weight_grads(jaxpr, keep_matmuls: bool = False, also=None,
   projection's, accumulated over a chunked loss's loop), and what is made
   from them alone, moved as late as its readers allow (the deferred-weight-
   gradients rule); a loop only the outputs `results` need (a chunked
-  loss's forward loop: only the loss value reads it) is moved there too. With `keep_matmuls`, only what
-  is made from them is moved (xla_gpu_rules: late gradient collectives)."""
+  loss's forward loop: only the loss value reads it) is moved there too.
+  With `keep_matmuls`, only what is made from them is moved (xla_gpu_rules:
+  late gradient collectives)."""
   eqns = list(jaxpr.eqns)
   deferred: set = set()
   made: set = set()
@@ -1035,3 +1054,36 @@ def stream_offloaded_update(jaxpr) -> tuple[object, dict]:
   position = {i: n for n, i in enumerate(order)}
   return (jaxpr.replace(eqns=[eqns[i] for i in order]),
           {position[i]: vs for i, vs in held.items()})
+
+
+def hoist_dequantized_state(jaxpr):
+  """`jaxpr` with the update's dequantized state made at the step's start
+  (the early-dequantized-state rule): each equation after the backward
+  pass that reads only the step's arguments and constants (or what such an
+  equation made) and writes more bytes than it reads of them (an 8-bit
+  moment's codes and block scales turned into f32 values), with what is
+  made from it alone, moved first."""
+  eqns = list(jaxpr.eqns)
+  backward = [i for i, e in enumerate(eqns) if made_by_backward(e)]
+  if not backward:
+    return jaxpr
+  consts = set(jaxpr.constvars)
+  given = set(jaxpr.invars) | consts
+  hoisted: set = set()
+  moved = []
+  nbytes = lambda vs: sum(math.prod(v.aval.shape) * v.aval.dtype.itemsize
+                          for v in vs if isinstance(v, jcore.Var))
+  for i in range(backward[-1] + 1, len(eqns)):
+    e = eqns[i]
+    ins = [v for v in e.invars if isinstance(v, jcore.Var)]
+    if not ins or not all(v in given or v in hoisted for v in ins):
+      continue
+    if any(v in hoisted for v in ins) or nbytes(e.outvars) > nbytes(
+        v for v in ins if v not in consts):
+      moved.append(i)
+      hoisted.update(e.outvars)
+  if not moved:
+    return jaxpr
+  first = set(moved)
+  return jaxpr.replace(eqns=[eqns[i] for i in moved]
+                       + [e for i, e in enumerate(eqns) if i not in first])
