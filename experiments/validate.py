@@ -20,6 +20,7 @@ Bytes are per device; human output in GiB (2**30 bytes).
 from __future__ import annotations
 
 import json
+import sys
 
 from absl import flags
 
@@ -190,6 +191,11 @@ def main(argv):
                                  dump_dir=FLAGS.dump_dir)
   except Exception as e:  # an out-of-HBM compile is an answer
     oom = crosscheck.hbm_oom(str(e))
+    if oom is None and isinstance(e, jax.errors.JaxRuntimeError):
+      # the compiler's own failure, not the user's input: one line, exit 1
+      print(f"error: XLA could not compile the step for {FLAGS.topology}: "
+            f"{str(e).splitlines()[0][:300]}", file=sys.stderr)
+      raise SystemExit(1) from None
     if oom is None:
       raise
     _print_oom(crosscheck.recheck({"config": {

@@ -63,3 +63,17 @@ def test_a_plan_over_hbm_is_an_answer():
   assert "XLA: does not fit: needs" in p.stdout
   assert "does not fit" in p.stdout.splitlines()[-1]
   assert "Traceback" not in p.stderr
+
+
+def test_a_compiler_failure_is_one_line():
+  """XLA:GPU (the pinned CUDA plugin) finds no Triton tiling for the TP-
+  sharded vision tower of llava_mini on h100:8 4x2 (the GPU corpus's #39
+  records it): one line naming the target and XLA's message, exit 1, no
+  traceback."""
+  p = _run("--model=llava_mini", "--topology=h100:8", "--mesh=4x2",
+           "--batch=16", "--seq=768", "--remat=full", "--loss_chunks=4")
+  assert p.returncode == 1, p.stderr[-2000:]
+  last = p.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: XLA could not compile the step for h100:8: "
+                         "INTERNAL"), last
+  assert "Traceback" not in p.stderr
