@@ -76,10 +76,88 @@ CASES: list[Case] = [
          precision="bf16"),
     Case("llama2_7b", "h100:1", "1x1", 8, 2048, "dots", "adafactor", GC,
          precision="bf16"),
+    # Held out: A100s, compiled after the memory-scheduler-order rule was
+    # read off #7, #11, #16 and #20 (xla_gpu_rules).
+    Case("llama2_7b", "a100:2x8", "8x2", 16, 2048, "full", "adamw", GC),
+    Case("gpt2", "a100:8", "4x2", 32, 1024, "dots", "adafactor", GC),
+    Case("mistral_7b", "a100:2x8", "16x1", 32, 2048, "dots", "adamw", GC),
+    Case(QWEN2_0_5B, "a100:8", "8x1", 16, 4096, "none", "adamw", GC,
+         precision="bf16"),
+    Case("llama2_7b", "a100:1", "1x1", 4, 2048, "full", "adafactor", GC,
+         precision="bf16"),
+    Case("llama3_8b", "a100:2x8", "2x8", 16, 4096, "full", "adamw", GC,
+         shard="zero1"),
+    # Compiled held out: the model kinds and settings the GPU rules were
+    # never read on (a mixture of experts, T5, a vision-language model,
+    # chunked loss, zero2 with bf16 master weights over 4 hosts, 8-bit
+    # AdamW, LoRA). Three came out more than 5% under XLA's peak (#38,
+    # #41, #42); the sunk-loss and early-scatter-fill rules were read off
+    # their dumps (and the GEMM-epilogue rule), so they are tuned on now.
+    # #39 does not compile (XLA:GPU finds no Triton tiling for the vision
+    # tower's [1028, 512] matmul).
+    Case("mixtral_mini", "h100:8", "8x1", 32, 2048, "full", "adamw", GC),
+    Case("t5_large", "h100:8", "4x2", 32, 512, "dots", "adamw", G,
+         target_seq=128),
+    Case("llava_mini", "h100:8", "4x2", 16, 768, "full", "adamw", GC,
+         loss_chunks=4),
+    Case("llama2_7b", "h100:4x8", "32x1", 32, 4096, "full", "adamw", GC,
+         shard="zero2", precision="bf16_master"),
+    Case("llama3_8b", "h100:2x8", "16x1", 32, 2048, "names:qkv,mlp_hidden",
+         "adamw", G, loss_chunks=4),
+    Case("gpt2", "h100:8", "8x1", 32, 1024, "full", "adamw_8bit", G),
+    Case("llama2_7b", "h100:8", "8x1", 16, 2048, "full", "adamw", GC,
+         lora_rank=16),
+    # Held out: compiled after those two rules were written.
+    Case("t5_large", "h100:2x8", "8x2", 64, 512, "full", "adamw", GC,
+         target_seq=128),
+    Case("llama2_7b", "h100:2x8", "16x1", 32, 2048, "full", "adamw", GC,
+         loss_chunks=8),
+    Case("mistral_7b", "h100:8", "8x1", 8, 4096, "dots", "adafactor", GC,
+         loss_chunks=2),
+    Case("gpt2", "h200:2x8", "16x1", 64, 1024, "names:qkv,mlpwo",
+         "adamw_8bit", GC),
+    Case("mixtral_mini", "h100:2x8", "4x4", 32, 2048, "dots", "adamw", GC),
+    # #39's model on a mesh XLA:GPU compiles (Y = 1), read with the rules
+    # above (its sunk loss loop runs before the layers' backward).
+    Case("llava_mini", "h100:8", "8x1", 16, 768, "full", "adamw", G,
+         loss_chunks=4),
+    # Held out, compiled after every rule above: larger plans users book
+    # (4 hosts, seq 8192, 13B on H200s), chunked loss with names remat over
+    # TP, and the A100 with 8-bit AdamW, LoRA and a mixture of experts.
+    Case("llama3_8b", "h100:4x8", "32x1", 64, 8192, "full", "adamw", GC),
+    Case("llama2_13b", "h200:2x8", "16x1", 32, 4096, "dots", "adamw", GC),
+    Case("mistral_7b", "h100:2x8", "8x2", 32, 4096, "names:qkv,out_proj",
+         "adamw", GC, loss_chunks=4),
+    Case(QWEN2_0_5B, "a100:2x8", "16x1", 64, 4096, "full", "adamw_8bit",
+         GC),
+    Case("llama2_7b", "a100:8", "8x1", 16, 2048, "full", "adamw", GC,
+         lora_rank=16),
+    Case("mixtral_mini", "a100:8", "4x2", 32, 2048, "full", "adamw", GC),
+    # Held out, compiled last: gradient accumulation, pipeline stages (whose
+    # stacked activations the gathered-stacks rule took for a weight stack,
+    # 8,789 GiB, until it skipped stacks that carry the batch), zero2 on
+    # H200s, T5 on A100s, dp, a chunked loss on A100s.
+    Case("llama2_7b", "h100:2x8", "8x2", 32, 2048, "full", "adamw", GC,
+         grad_accum=4),
+    Case("gpt2", "h100:8", "2x2", 16, 1024, "full", "adamw", GC, pp=2,
+         microbatches=4),
+    Case("llama2_7b", "h200:8", "8x1", 16, 4096, "full", "adamw", GC,
+         shard="zero2"),
+    Case("t5_large", "a100:8", "4x2", 32, 512, "full", "adamw", GC,
+         target_seq=128),
+    Case(QWEN2_0_5B, "h100:2x8", "16x1", 64, 2048, "dots", "adamw", GC,
+         shard="dp"),
+    Case("mistral_7b", "a100:2x8", "8x2", 16, 4096, "names:qkv", "adamw", GC,
+         loss_chunks=2),
 ]
+
+# Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:
+# its Triton GEMM emitter finds no tiling for the TP-sharded vision tower's
+# attention output matmul (bf16[1028,512], 4 images of 257 tokens a device).
+COMPILER_FAILS = {39: "Couldn't find output tile sizes"}
 
 
 def single_gpu_cases() -> list[int]:
-  """Indices of the one-GPU cases (mesh 1x1): the ones run on a real GPU
-  (experiments.execute_gpu, experiments.profile_gpu)."""
-  return [i for i, c in enumerate(CASES) if c.mesh == "1x1"]
+  """Indices of the one-H100 cases (h100:1, mesh 1x1): the ones run on the
+  lent H100 (experiments.execute_gpu, experiments.profile_gpu)."""
+  return [i for i, c in enumerate(CASES) if c.topology == "h100:1"]

@@ -276,4 +276,41 @@ CASES: list[Case] = [
     # ... and another model and mesh: #52's step (mistral_7b 16x2, seq
     # 4096, names:qkv) with the deferred order over the limit.
     Case("mistral_7b", "v5p-64", "16x2", 704, 4096, "names:qkv", "adamw", C),
+    # Held out, compiled after every rule above, where the corpus's
+    # unders come closest to -5% (#16, #53: pure FSDP over a large X) and
+    # near capacity on v5e and v6e: wider X, larger per-device batches, a
+    # 70B TP mesh, names remat at 52 GiB.
+    Case("llama2_70b", "v5p-512", "256x1", 1024, 4096, "full", "adamw", C),
+    Case("llama2_7b", "v5p-256", "128x1", 128, 2048, "full", "adafactor", C),
+    Case("llama3_8b", "v6e-64", "64x1", 192, 4096, "full", "adamw", C),
+    Case("mistral_7b", "v5e-64", "32x2", 64, 4096, "dots", "adamw", C),
+    Case("llama2_13b", "v5p-128", "64x1", 512, 2048, "names:qkv,mlp_hidden",
+         "adamw", C),
+    Case("llama2_70b", "v5p-256", "64x2", 256, 4096, "full", "adamw", C),
+    # Held out, compiled last, after the GPU corpus's held-out rows found
+    # unders in these kinds there: a chunked loss with names remat over TP,
+    # zero2 with bf16 master weights, 8-bit AdamW on v5e, LoRA on v6e, T5
+    # over TP with Adafactor, a mixture of experts over a TP mesh. #110
+    # came out 26% under; the early-dequantized-state rule was read off it,
+    # so it is tuned on.
+    Case("mistral_7b", "v5p-32", "8x2", 32, 4096, "names:qkv,out_proj",
+         "adamw", C, loss_chunks=4),
+    Case("llama2_13b", "v5p-64", "16x2", 64, 2048, "full", "adamw", C,
+         shard="zero2", precision="bf16_master"),
+    Case("llama3_8b", "v5e-32", "16x2", 32, 2048, "full", "adamw_8bit", T),
+    Case("llama2_7b", "v6e-8", "8x1", 16, 2048, "full", "adamw", C,
+         lora_rank=16),
+    Case("t5_3b", "v5p-16", "4x2", 32, 512, "dots", "adafactor", C,
+         target_seq=128),
+    Case("mixtral_mini", "v5p-16", "4x2", 32, 2048, "full", "adamw", C),
+    # Held out, compiled after the early-dequantized-state rule: Adafactor
+    # in bf16 on a 13B TP mesh at seq 4096, optimizer offload on v5e, MQA
+    # with names remat over 4-way TP, SGD at seq 8192 on v6e.
+    Case("llama2_13b", "v5p-128", "32x2", 64, 4096, "dots", "adafactor", C,
+         precision="bf16"),
+    Case("llama2_7b", "v5e-16", "16x1", 16, 2048, "full", "adamw", C,
+         offload=("optimizer",)),
+    Case(GEMMA_2B, "v5p-32", "4x4", 32, 4096, "names:qkv,mlp_hidden", "adamw",
+         C),
+    Case("mistral_7b", "v6e-32", "32x1", 32, 8192, "full", "sgd_momentum", C),
 ]
