@@ -90,7 +90,7 @@ def main(argv):
                  threshold_tokens_global=_rnd(e.threshold_tokens_global),
                  t_math_s=e.t_math, t_comm_s=e.t_comm,
                  exposed_comm_s=e.exposed_comm, step_time_s=e.step_time,
-                 t_hbm_s=e.t_hbm, mfu=e.mfu, roofline_mfu=e.roofline_mfu,
+                 t_hbm_s=e.t_hbm, t_matmul_hbm_s=e.t_matmul_hbm, mfu=e.mfu, roofline_mfu=e.roofline_mfu,
                  hfu=e.hfu)
     meshes.append(row)
   out = dict(
@@ -120,13 +120,17 @@ def main(argv):
            f"{2 * hw.link_bandwidth:.3g} wrapped), ring={f.ring}")
   if topo.hosts > 1:
     links += f", {topo.network.name} between {topo.network.hosts_word}"
+  rates = (f", matmuls timed at the measured {hw.time_flops:.3g} FLOP/s"
+           if hw.time_flops != hw.flops_per_chip else "")
   print(f"{cfg.name} on {topo.describe()}, pass={pass_}, C={hw.flops_per_chip:.3g}"
-        f" FLOP/s, {links}, step/MFU at "
+        f" FLOP/s{rates}, {links}, step/MFU at "
         f"{tokens:.0f} tokens (MFU: predicted, with the fusions' HBM time "
-        f"T_hbm_s; MFU_bound: the roofline's, without it)")
+        f"T_hbm_s and the matmuls' beyond their FLOPs where their bytes "
+        f"bind them, T_mm_hbm_s; MFU_bound: the roofline's, without both)")
   hdr = ("X", "Y", "M_X", "M_Y", "tok/dev", "tok_global", "T_math_s", "T_comm_s",
-         "exposed_s", "step_s", "MFU", "MFU_bound", "T_hbm_s")
-  print(("{:>5} " * 4 + "{:>10} " * 9).format(*hdr))
+         "exposed_s", "step_s", "MFU", "MFU_bound", "T_hbm_s",
+         "T_mm_hbm_s")
+  print(("{:>5} " * 4 + "{:>10} " * 10).format(*hdr))
   for m in meshes:
     if "error" in m:
       print(f"{m['X']:>5} {m['Y']:>5} {m['M_X']:>5} {m['M_Y']:>5} "
@@ -138,7 +142,8 @@ def main(argv):
           f"{fmt(m['threshold_tokens_global']):>10} {m['t_math_s']:>10.4g} "
           f"{m['t_comm_s']:>10.4g} {m['exposed_comm_s']:>10.4g} "
           f"{m['step_time_s']:>10.4g} {m['mfu']:>10.3f} "
-          f"{m['roofline_mfu']:>10.3f} {m['t_hbm_s']:>10.4g}")
+          f"{m['roofline_mfu']:>10.3f} {m['t_hbm_s']:>10.4g} "
+          f"{m['t_matmul_hbm_s']:>10.4g}")
   oc, bi = out["optimum_continuous"], out["best_integer"]
   print(f"continuous optimum (M_X={oc['M_X']}, M_Y={oc['M_Y']} held): Y={oc['Y']:.2f}"
         f" -> {fmt(oc['tokens_global'])} tokens")

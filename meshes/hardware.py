@@ -53,6 +53,12 @@ class Chip:
   cores_per_chip: int  # TensorCores per chip in Cloud names (v5p-128 = 64 chips)
   megacore: bool = False  # libtpu can fuse the chip's 2 TensorCores into one device
   mxu_size: int = 0  # systolic array edge (TPU MXU); 0: no tile padding modelled
+  # What the device reached where one was measured (experiments.probe_gpu:
+  # an 8192^3 bf16 matmul, a 4 GiB array read and written once); 0: not
+  # measured, the datasheet's figure stands. Step times use these; MFU keeps
+  # the datasheet's peak as its denominator.
+  measured_bf16_flops: float = 0.0
+  measured_hbm_bandwidth: float = 0.0
 
   @property
   def ici_bidirectional_bandwidth(self) -> float:
@@ -153,6 +159,10 @@ CHIPS: dict[str, Chip] = {
             ici_links_per_chip=1,  # one logical port into the NVSwitch (18 physical links)
             torus_dims=0,
             cores_per_chip=1,
+            # experiments/data/h100_device.json (a lent H100 80GB HBM3,
+            # jax 0.11.2): 804.1 TFLOP/s, 2,526.7 GB/s
+            measured_bf16_flops=8.041e14,
+            measured_hbm_bandwidth=2.5267e12,
         ),
         Chip(
             name="h200",

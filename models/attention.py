@@ -1,4 +1,4 @@
-"""Attention cores: materialized scores, or a blockwise (flash) kernel.
+"""Attention cores: materialized scores, or a blockwise (flash) loop.
 
 Shapes: q_BxSxKxGxH (K kv heads, G query heads per kv head, H head dim),
 k/v_BxTxKxH (T = S in self-attention). `materialized` keeps the B·heads·S·T
@@ -17,7 +17,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from models import scopes
 
 IMPLEMENTATIONS = ("materialized", "flash")
 FLASH_BLOCK = 512
@@ -71,16 +70,6 @@ def _bias_blocks(bias, block):
   return jnp.moveaxis(bias.reshape(k, g, s, t // block, block), 3, 0)
 
 
-def _kernel(fn):
-  """`fn` traced under the fused-kernel scope (models.scopes.KERNEL)."""
-  @functools.wraps(fn)
-  def wrapped(*args):
-    with jax.named_scope(scopes.KERNEL):
-      return fn(*args)
-  return wrapped
-
-
-@_kernel
 def _forward(q, k, v, bias, block, causal, scale):
   q_pos = jnp.arange(q.shape[1])
 
@@ -108,7 +97,6 @@ def _forward(q, k, v, bias, block, causal, scale):
   return out, m + jnp.log(l)
 
 
-@_kernel
 def _backward(block, causal, scale, res, d_out):
   q, k, v, bias, out, lse = res
   q_pos = jnp.arange(q.shape[1])

@@ -11,10 +11,6 @@ frame names or tracebacks (which change with where packages are installed).
   LOSS    the loss from the last hidden state: the output projection's
           logits and the loss over them (seed 004's XXL stack, which has no
           output layer, a stand-in that reads every output).
-  KERNEL  work one fused kernel does on chip: the blockwise (flash)
-          attention, which on TPU runs as a Pallas kernel keeping its blocks
-          in VMEM (MaxText's `attention=flash`); the step-time model counts
-          its FLOPs but no HBM traffic of its own.
   ROUTING the mixture-of-experts dispatch and combine (models.moe): moving
           tokens to expert slots and back, work the step does but not model
           FLOPs (MFU leaves it out, as MaxText's count does).
@@ -29,7 +25,6 @@ import re
 
 LAYERS = "layers"
 LOSS = "loss"
-KERNEL = "fused_kernel"
 ROUTING = "moe_routing"
 EXPERTS = "moe_experts"
 

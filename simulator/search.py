@@ -212,6 +212,7 @@ class _Estimator:
                 peak_where=est.peak_where, t_math_s=step.t_math,
                 t_comm_s=step.t_comm, exposed_comm_s=step.exposed_comm,
                 step_time_s=step.step_time, t_hbm_s=step.t_hbm,
+                t_matmul_hbm_s=step.t_matmul_hbm,
                 mfu=step.mfu, roofline_mfu=step.roofline_mfu,
                 threshold_tokens_global=thr,
                 compute_bound=bool(math.isfinite(thr) and tokens >= thr))

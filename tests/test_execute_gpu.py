@@ -63,6 +63,33 @@ def test_out_of_memory_run_is_said_not_to_fit(rows):
                      for r in oom)
 
 
+def test_step_time_against_the_measured_runs(rows):
+  """Every autotuned run that completed: the predicted step (each matmul at
+  the longer of its FLOPs at the measured 804 TFLOP/s and its bytes at
+  2.53 TB/s, the fusions' bytes, nothing fitted) within 0.8x-1.1x of the
+  median measured step; at the datasheet's rates with matmuls timed by
+  FLOPs alone it was 0.50x-0.69x."""
+  ran = [r for r in rows if "compiled" in r and execute_gpu.autotuned(
+      r["config"])]
+  assert len(ran) >= 9
+  for r in ran:
+    ratio = (r["predicted_step_seconds"]
+             / r["compiled"]["measured"]["step_seconds"])
+    assert 0.8 <= ratio <= 1.1, (r["config"]["index"], ratio)
+
+
+def test_measured_rates_are_the_probes():
+  """The H100's measured rates (meshes.hardware) are the ones
+  experiments.probe_gpu wrote for the lent device."""
+  with open(os.path.join(DATA, "h100_device.json")) as f:
+    device = json.load(f)
+  chip = parse_topology("h100:1").chip
+  assert chip.measured_bf16_flops == pytest.approx(
+      device["matmul_8192_bf16_tflops_median"] * 1e12, rel=1e-4)
+  assert chip.measured_hbm_bandwidth == pytest.approx(
+      device["hbm_read_write_GBps_median"] * 1e9, rel=1e-4)
+
+
 def test_doc_table_matches_the_kept_runs(rows):
   with open(execute_gpu.DEFAULT_OUT) as f:
     text = f.read()

@@ -94,18 +94,54 @@ def _tiny(attention):
 
 
 def test_step_time_adds_hbm_bound_work_to_the_roofline():
-  """step = matmuls + fusions' HBM bytes / bandwidth + exposed collectives;
-  the roofline bound leaves the HBM term out, so it is the higher MFU."""
+  """step = matmuls + the matmuls' time over their FLOPs' where their bytes
+  bind them + fusions' HBM bytes / bandwidth + exposed collectives; the
+  roofline bound leaves both HBM terms out, so it is the higher MFU."""
   e = _tiny("flash")
-  assert e.t_hbm > 0
-  assert e.step_time == pytest.approx(e.t_math + e.t_hbm + e.exposed_comm)
+  assert e.t_hbm > 0 and e.t_matmul_hbm > 0
+  assert e.step_time == pytest.approx(
+      e.t_math + e.t_matmul_hbm + e.t_hbm + e.exposed_comm)
   assert e.roofline_mfu > e.mfu > 0
 
 
-def test_the_flash_kernel_keeps_its_blocks_off_hbm():
-  """Materialized attention writes and reads its S x S scores in HBM; the
-  flash kernel's blocks (models.scopes.KERNEL) move nothing there."""
-  assert _tiny("materialized").t_hbm > _tiny("flash").t_hbm
+def _one_matmul(flops, nbytes):
+  plan = plan_mesh(parse_topology("h100:1"), 1, 1)
+  work = R.Work("blocks", "forward", 1, flops, 0.0, 0.0, 1, 1, m0=nbytes)
+  return R.MeshModel(plan, (), (work,), {"blocks": 1}, 1024)
+
+
+def test_a_matmul_takes_the_longer_of_its_flops_and_its_bytes():
+  """A kernel's roofline: an attention-score product, bf16 [2048, 128] x
+  [128, 512] into f32 [2048, 512], does 268 MFLOP over 4.7 MB (57 FLOP per
+  byte, under the H100's 318 at its measured rates): its time is its bytes
+  over the bandwidth. A weight product, [8192, 4096] x [4096, 4096] in
+  bf16, is bound by its FLOPs and adds nothing."""
+  hw = R.Hardware(9.895e14, 4.5e11, hbm_bandwidth=2.5267e12,
+                  matmul_flops=8.041e14)
+  flops = 2 * 2048 * 128 * 512
+  nbytes = 2 * (2048 * 128 + 128 * 512) + 4 * 2048 * 512
+  e = R.step_estimate(_one_matmul(flops, nbytes), 1.0, hw, "forward")
+  assert e.t_math == pytest.approx(flops / 8.041e14)
+  assert e.t_math + e.t_matmul_hbm == pytest.approx(nbytes / 2.5267e12)
+  assert e.step_time == pytest.approx(nbytes / 2.5267e12)
+  flops = 2 * 8192 * 4096 * 4096
+  nbytes = 2 * (8192 * 4096 + 4096 * 4096 + 8192 * 4096)
+  e = R.step_estimate(_one_matmul(flops, nbytes), 1.0, hw, "forward")
+  assert e.t_matmul_hbm == 0 and e.step_time == pytest.approx(
+      flops / 8.041e14)
+
+
+def test_measured_rates_time_the_step_and_the_datasheet_counts_mfu():
+  """Where the chip was measured (the H100: experiments.probe_gpu), the
+  step is timed at what it reached; MFU keeps the datasheet's peak. A TPU
+  has no measurement: its datasheet's figures time the step."""
+  h100 = R.Hardware.for_plan(plan_mesh(parse_topology("h100:1"), 1, 1))
+  assert (h100.time_flops, h100.hbm_bandwidth) == (8.041e14, 2.5267e12)
+  assert h100.flops_per_chip == 9.895e14
+  v5p = R.Hardware.for_plan(plan_mesh(parse_topology("v5p-8"), 4, 1))
+  assert v5p.time_flops == v5p.flops_per_chip == 4.59e14
+  assert R.Hardware.for_plan(plan_mesh(parse_topology("h100:1"), 1, 1),
+                             flops_per_chip=5e14).time_flops == 5e14
 
 
 def test_lora_model_flops_leave_out_the_frozen_weight_gradients():

@@ -78,6 +78,14 @@ class Hardware:
   ring: str = "book"  # "book": f = 1; "exact": (n-1)/n
   wraparound: bool | None = None  # None: the plan's; True/False: force both axes
   hbm_bandwidth: float = 0.0  # B/s; 0: memory-bound work is not timed
+  # FLOP/s the matmuls are timed at: what the chip was measured to reach
+  # (meshes.hardware.Chip.measured_bf16_flops); 0: flops_per_chip. MFU's
+  # denominator stays flops_per_chip.
+  matmul_flops: float = 0.0
+
+  @property
+  def time_flops(self) -> float:
+    return self.matmul_flops or self.flops_per_chip
 
   @classmethod
   def for_plan(cls, plan: MeshPlan, flops_per_chip=None, link_bandwidth=None,
@@ -89,7 +97,8 @@ class Hardware:
         raise ValueError(f"{name}={v} must be positive")
     return cls(flops_per_chip or chip.bf16_flops,
                link_bandwidth or chip.ici_link_bandwidth, ring, wraparound,
-               chip.hbm_bandwidth)
+               chip.measured_hbm_bandwidth or chip.hbm_bandwidth,
+               flops_per_chip or chip.measured_bf16_flops)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +131,8 @@ class Work:
   kind: str = "activation"  # program.Dot.kind
   useful: float = 1.0  # the share that is model FLOPs (MoE: `_useful`)
   padding: float = 1.0  # MXU time over the FLOPs' time (`mxu_padding`)
+  m0: float = 0.0  # per-device HBM bytes of operands and result = m0 + m1·T
+  m1: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +168,7 @@ class LayerTimes:
   exposed: float
   threshold_tokens_global: float
   t_hbm: float = 0.0  # per instance: its fusions' HBM bytes / bandwidth
+  t_matmul_hbm: float = 0.0  # per instance: `matmul_hbm_time`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +185,7 @@ class StepEstimate:
   layers: tuple[LayerTimes, ...]
   t_hbm: float = 0.0  # memory-bound work: fusions' HBM bytes / bandwidth
   roofline_mfu: float = 0.0  # the bound: T_math and exposed comm only
+  t_matmul_hbm: float = 0.0  # matmuls bound by their bytes: `matmul_hbm_time`
 
 
 def _useful(source: str, expert_fraction: float) -> float:
@@ -236,9 +249,11 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
                      d.flops_global / tokens if linear else 0.0,
                      d.x_exp, d.y_exp, d.kind,
                      _useful(d.source, expert_fraction)
-                     * (stage_share if d.layer != "top" else 1.0), pad))
+                     * (stage_share if d.layer != "top" else 1.0), pad,
+                     float(d.hbm_bytes[0]), d.hbm_bytes[1] / tokens))
   hbm = tuple(Hbm(t.layer, t.phase, t.count, float(t.fixed),
-                  t.linear / tokens) for t in program.traffic)
+                  t.linear / tokens) for t in program.traffic
+)
   counts: dict[str, int] = {}
   for r in list(program.collectives) + list(program.dots) + list(hbm):
     counts[r.layer] = max(counts.get(r.layer, 1), r.count)
@@ -277,8 +292,8 @@ def _layer_times(model: MeshModel, tokens: float, hw: Hardware, phases,
     s = (X0 / X) ** w.x_exp * (Y0 / Y) ** w.y_exp * w.count / model.layer_count[
         w.layer]
     r = out[w.layer]
-    r[0] += w.f0 * s / hw.flops_per_chip
-    r[1] += w.f1 * s / hw.flops_per_chip
+    r[0] += w.f0 * s / hw.time_flops
+    r[1] += w.f1 * s / hw.time_flops
     r[6] += w.g1 * w.count
   for t in model.terms:
     if t.phase not in phases:
@@ -335,6 +350,28 @@ def _hbm_times(model: MeshModel, tokens: float, hw: Hardware, phases
   return out
 
 
+def matmul_hbm_time(model: MeshModel, tokens: float, hw: Hardware, phases
+                    ) -> dict[str, float]:
+  """Per layer instance, how much longer its matmuls run than their FLOPs
+  say because their bytes, not their FLOPs, bound them: each matmul takes
+  the larger of its FLOPs over the matmul rate and its operands' and
+  result's bytes over the HBM bandwidth (the roofline of one kernel). The
+  blocks of a fused attention kernel stay on chip (`fit`); outside one a
+  head-sized contraction (K = 128: attention scores [s, block] in f32 from
+  bf16 [s, 128] and [128, block]) moves more bytes than the MXU or tensor
+  cores need time for."""
+  out: dict[str, float] = collections.defaultdict(float)
+  if not hw.hbm_bandwidth:
+    return out
+  for w in model.work:
+    if w.phase in phases and (w.m0 or w.m1):
+      over = ((w.m0 + w.m1 * tokens) / hw.hbm_bandwidth
+              - (w.f0 + w.f1 * tokens) / hw.time_flops)
+      if over > 0:
+        out[w.layer] += over * w.count / model.layer_count[w.layer]
+  return out
+
+
 def _model_flops(model: MeshModel, tokens: float, backward: bool) -> float:
   """The work training needs, remat recompute left out: the forward, the
   input gradients (the forward again for weight matmuls, twice for those of
@@ -358,9 +395,10 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
                   pass_: str = "step") -> StepEstimate:
   """Times of one step at `tokens` global tokens (microseconds to evaluate).
 
-  Per layer instance, compute = T_math + T_hbm (its fusions' HBM bytes over
-  the HBM bandwidth: norms, elementwise, softmax outside a fused kernel, the
-  loss, the optimizer update); overlappable collectives hide behind it, TP
+  Per layer instance, compute = T_math + T_matmul_hbm (`matmul_hbm_time`)
+  + T_hbm (its fusions' HBM bytes over the HBM bandwidth: norms,
+  elementwise, softmax outside a fused kernel, the loss, the optimizer
+  update); overlappable collectives hide behind it, TP
   activation collectives are on the critical path. The roofline bound
   (`roofline_mfu`) is the same without T_hbm."""
   if pass_ not in PASSES:
@@ -368,7 +406,8 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
   phases = PASSES[pass_]
   plan = model.plan
   hbm = _hbm_times(model, tokens, hw, phases)
-  layers, tm, tc, te, th, bound = [], 0.0, 0.0, 0.0, 0.0, 0.0
+  stall = matmul_hbm_time(model, tokens, hw, phases)
+  layers, tm, tc, te, th, ts, bound = [], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
   all_global = 0.0
   times = _layer_times(model, tokens, hw, phases, plan.X, plan.Y)
   for layer in [*times, *(l for l in hbm if l not in times)]:  # in order
@@ -376,19 +415,20 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
     n = model.layer_count[layer]
     t_math = m0 + m1 * tokens
     t_comm = c0 + c1 * tokens
-    compute = t_math + hbm.get(layer, 0.0)
+    compute = t_math + stall.get(layer, 0.0) + hbm.get(layer, 0.0)
     exposed = cr + max(0.0, ov - compute)
     thr = _threshold(m0, m1, c0, c1) if m1 > 0 else math.inf
     layers.append(LayerTimes(layer, n, t_math, t_comm, ov, exposed, thr,
-                             hbm.get(layer, 0.0)))
+                             hbm.get(layer, 0.0), stall.get(layer, 0.0)))
     tm += n * t_math
     tc += n * t_comm
     te += n * exposed
     th += n * hbm.get(layer, 0.0)
+    ts += n * stall.get(layer, 0.0)
     bound += n * (t_math + cr + max(0.0, ov - t_math))
     all_global += g1 * tokens
   model_flops = _model_flops(model, tokens, "backward" in phases)
-  step = tm + th + te
+  step = tm + ts + th + te
   peak = plan.P * plan.X * plan.Y * hw.flops_per_chip
   thr = max([l.threshold_tokens_global for l in layers if l.t_math > 0] or
             [math.inf])
@@ -398,7 +438,8 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
       hfu=all_global / (step * peak) if step > 0 else 0.0,
       threshold_tokens_per_device=thr / plan.X,
       threshold_tokens_global=thr, layers=tuple(layers), t_hbm=th,
-      roofline_mfu=model_flops / (bound * peak) if bound > 0 else 0.0)
+      roofline_mfu=model_flops / (bound * peak) if bound > 0 else 0.0,
+      t_matmul_hbm=ts)
 
 
 def continuous_optimum(model: MeshModel, hw: Hardware, pass_: str = "step"

@@ -34,7 +34,7 @@ from jax.extend import core as jcore
 from models import scopes
 from models.scopes import scopes_of
 from simulator.tracing import loops, mesh_class
-from simulator.tracing.batch_probe import matmul_kind
+from simulator.tracing.batch_probe import carries_batch, matmul_kind
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
           "reduce_precision", "squeeze", "expand_dims", "reshape", "neg",
@@ -95,13 +95,18 @@ class Dot:
   # tiles (TPU Scaling Book, "How to Think About TPUs": the MXU does
   # bf16[8,128] @ bf16[128,128] every 8 cycles); () when not known.
   mxu_dims: tuple[int, ...] = ()
+  # HBM bytes one execution moves on one device, (those of operands that
+  # do not carry the batch, those that do, at the traced batch): both
+  # operands read once and the result written once (a GEMM streams its
+  # tiles through on-chip memory); (0, 0) when not known.
+  hbm_bytes: tuple[int, int] = (0, 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class Traffic:
   """The HBM bytes one fusion moves per execution on one device: the
   buffers it writes and reads (simulator.memory.liveness.hbm_traffic), for
-  work that is neither a matmul, a collective nor inside a fused kernel."""
+  work that is neither a matmul nor a collective."""
 
   fixed: int
   linear: int  # the bytes that carry the batch, at the traced batch
@@ -359,8 +364,7 @@ class _Walker:
         data[o] = any_data
       if not self.record:
         continue
-      if (ctx["mult"] and name not in _NO_TRAFFIC
-          and scopes.KERNEL not in scopes_of(ns)):
+      if ctx["mult"] and name not in _NO_TRAFFIC:
         self._traffic(jaxpr, index, ectx)
       if ctx.get("manual"):
         self._manual(eqn, ectx, source, any_data, out_critical)
@@ -491,7 +495,8 @@ class _Walker:
                          ctx["layer"], ctx["phase"], int("X" in split),
                          int("Y" in split),
                          (*osh, *(ls[i] for i in lc)), matmul_kind(ls, rs, osh),
-                         (contract_local, math.prod(Rl[d] for d in rfree))))
+                         (contract_local, math.prod(Rl[d] for d in rfree)),
+                         _hbm_bytes(((Ll, lhs), (Rl, rhs), (out_local, out)))))
     for side, var, shape, spec, d in (("l", lhs, ls, Ls, in_data[0]),
                                       ("r", rhs, rs, Rs, in_data[1])):
       cur = [list(x) for x in spec]
@@ -552,7 +557,10 @@ class _Walker:
       self.dots.append(Dot(flops * ctx["manual_mult"], flops, ctx["mult"],
                            source, ctx["layer"], ctx["phase"], 1, 1, dims,
                            mxu_dims=(math.prod(lhs_shape[i] for i in lc),
-                                     math.prod(rhs_shape[d] for d in rfree))))
+                                     math.prod(rhs_shape[d] for d in rfree)),
+                           hbm_bytes=_hbm_bytes(
+                               ((lhs_shape, lhs), (rhs_shape, rhs),
+                                (out_shape, eqn.outvars[0])))))
       return
     kinds = {"psum": "all-reduce", "psum_invariant": "all-reduce",
              "all_gather": "all-gather", "all_gather_invariant": "all-gather",
@@ -569,6 +577,17 @@ class _Walker:
     for a in axes:
       self._emit(ctx, kinds[name], a, shape, ((),) * len(shape),
                  aval.dtype, source, data, critical, nbytes=nbytes)
+
+
+def _hbm_bytes(operands) -> tuple[int, int]:
+  """(fixed, batch-carrying) bytes of a matmul's (local shape, value)
+  operands and result, by whether each value's global shape carries the
+  batch."""
+  out = [0, 0]
+  for shape, v in operands:
+    out[carries_batch(v.aval.shape)] += (
+        math.prod(shape) * jax.numpy.dtype(v.aval.dtype).itemsize)
+  return out[0], out[1]
 
 
 # Not fusions' HBM traffic: matmuls (timed by FLOPs) and collectives.
