@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from experiments.validation_corpus import QWEN2_0_5B, Case
+from experiments.validation_corpus import (GEMMA_2B, QWEN2_0_5B, QWEN_MOE_4L,
+                                           T5_V1_1_SMALL, Case)
 
 GPU_CORPUS_JSONL = os.path.join(os.path.dirname(__file__), "data",
                                 "compiled_gpu_corpus.jsonl")
@@ -149,6 +150,37 @@ CASES: list[Case] = [
          shard="dp"),
     Case("mistral_7b", "a100:2x8", "8x2", 16, 4096, "names:qkv", "adamw", GC,
          loss_chunks=2),
+    # Held out, compiled after the step-time session's rules: kinds no GPU
+    # row had (one KV head, gradient accumulation, a Hugging Face MoE,
+    # host offload, materialized attention, T5 v1.1 from its config.json,
+    # zero2 with bf16 master weights on A100s, 70B over eight hosts). #63
+    # and #70 came out under; the interleaved-micro-batches rule was read
+    # off them, so they are tuned on now.
+    Case(GEMMA_2B, "h100:8", "4x2", 16, 2048, "full", "adamw", GC),
+    Case("llama2_13b", "h100:4x8", "16x2", 32, 4096, "full", "adamw", G,
+         grad_accum=2),
+    Case(QWEN_MOE_4L, "h100:8", "8x1", 16, 2048, "full", "adamw", GC),
+    Case("llama2_7b", "h100:8", "8x1", 16, 2048, "full", "adamw", GC,
+         offload=("optimizer",)),
+    Case("gpt2", "h200:8", "8x1", 32, 1024, "full", "adamw", GC,
+         attention="materialized"),
+    Case(T5_V1_1_SMALL, "h100:8", "8x1", 64, 512, "dots", "adamw", GC),
+    Case("llama3_8b", "a100:4x8", "32x1", 64, 4096, "full", "adamw", GC,
+         shard="zero2", precision="bf16_master"),
+    Case("llama2_70b", "h100:8x8", "64x1", 64, 4096, "full", "adamw", GC),
+    # Read after #63 (-12.56%): two micro-batches on one node; XLA inlines
+    # the one-iteration accumulation loop and interleaves both micro-
+    # batches' work.
+    Case("gpt2", "h100:8", "8x1", 32, 1024, "full", "adamw", G,
+         grad_accum=2),
+    # Compiled held out after the interleaved-micro-batches rule (four
+    # micro-batches: the loop stays; one sequence a GPU with no
+    # accumulation, where the loss's vocabulary-sized buffers are most of
+    # the peak), both under; the padded-operand and micro-batch scatter-
+    # fill rules were read off them, so they are tuned on now.
+    Case("gpt2", "h100:8", "8x1", 32, 1024, "full", "adamw", G,
+         grad_accum=4),
+    Case("gpt2", "h100:8", "8x1", 8, 1024, "full", "adamw", G),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:

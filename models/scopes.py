@@ -16,6 +16,9 @@ frame names or tracebacks (which change with where packages are installed).
           FLOPs (MFU leaves it out, as MaxText's count does).
   EXPERTS the experts' matmuls over their capacity slots, of which only the
           routed tokens' share is model FLOPs (models.moe.active_fraction).
+  ACCUMULATION the gradient-accumulation loop over the micro-batches after
+          the first (simulator.step; the memory model's interleaved-micro-
+          batches rule, simulator.memory.xla_gpu_rules).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ LAYERS = "layers"
 LOSS = "loss"
 ROUTING = "moe_routing"
 EXPERTS = "moe_experts"
+ACCUMULATION = "grad_accumulation"
 
 _TRANSFORM = re.compile(r"\w+\(|\)")  # jvp(...), transpose(...), remat(...)
 

@@ -19,6 +19,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from models import scopes
 from models.config import ModelConfig
 from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, expert_rules, rules_for
@@ -354,8 +355,9 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
       loss, g = one(b)
       return (carry[0] + loss, jax.tree.map(jnp.add, carry[1], g)), None
 
-    (loss, g), _ = jax.lax.scan(add, first,
-                                jax.tree.map(lambda x: x[1:], micro))
+    with jax.named_scope(scopes.ACCUMULATION):
+      (loss, g), _ = jax.lax.scan(add, first,
+                                  jax.tree.map(lambda x: x[1:], micro))
     return loss / accum, jax.tree.map(lambda x: x / accum, g)
 
   def step(p, opt_state, batch):

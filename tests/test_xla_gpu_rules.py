@@ -303,6 +303,23 @@ def test_the_embedding_gradients_fill_is_made_when_the_backward_starts():
   assert rule == "fill" and call.primitive.name == "shard_map"
 
 
+def test_each_micro_batch_makes_its_embedding_fill_early():
+  """The early scatter fill in a gradient accumulation's loop body too (the
+  step over again, #71): on a GPU the plans of the jaxprs that run one
+  micro-batch hold the fill as an early stack; on a TPU none is marked."""
+  for topology, marked in (("h100:8", True), ("v5p-16", False)):
+    plan = plan_mesh(parse_topology(topology), 8, 1)
+    traced = trace_probe(load_model("tiny"),
+                         TrainSettings(batch=64, seq=128, grad_accum=4),
+                         abstract_mesh(plan))
+    gpu = topology.startswith("h100")
+    points = liveness.simulate(traced.jaxpr, 0, gpu=gpu)
+    sim = points._sim
+    fills = [p for key, p in sim.plans.items() if key[0] in sim.micro_batch
+             and any(rule == "fill" for _, _, rule in p.stacks)]
+    assert bool(sim.micro_batch) == marked and bool(fills) == marked
+
+
 def test_a_gpu_runs_the_chunked_loss_forward_loop_last():
   """The sunk-loss rule on a GPU (as on a TPU): in the deferred order the
   chunked loss's forward loop, which only the loss value reads, runs after
@@ -436,10 +453,12 @@ def test_a_split_matmul_holds_padded_operands_and_partials_on_a_gpu():
   assert _split_peak(tokens, H100) == pads + partials
 
 
-def test_a_buffer_only_the_split_matmul_reads_dies_at_its_pad():
+def test_a_buffer_only_the_split_matmul_reads_dies_after_its_pad():
   """A weight made in the step (a sum of two halves cast to f32, a buffer
   of its own, as the gathered weight of #1) read by the matmul alone: its
-  padded copy replaces it."""
+  padded copy replaces it, but the pad fusion reads it while it writes the
+  copy, so at the pads both are live (#72: the bf16 weight beside its f32
+  padded copy at loop_pad_fusion.1); then the partials replace it."""
   def fn(d, halves):
     return d @ halves.sum(0).astype(jnp.float32).T
   d = jax.ShapeDtypeStruct((PROBE, 12565), jnp.float32)
@@ -449,8 +468,10 @@ def test_a_buffer_only_the_split_matmul_reads_dies_at_its_pad():
   split = liveness.simulate(j, 0, gpu=True, sms=H100).peak_at(2048, PROBE)[0]
   weight = 768 * 12565 * 4  # the sum, cast to f32: one buffer
   assert plain == weight + 2048 * 768 * 4
-  # both operands f32 before their casts: K padded to 2 x 4 elements
-  assert split == (2048 + 768) * 12568 * 4 + 2 * 2048 * 768 * 4
+  # both operands f32 before their casts: K padded to 2 x 4 elements; the
+  # weight (38.6 MB) outweighs the partials (12.6 MB) it makes way for
+  pads = (2048 + 768) * 12568 * 4
+  assert split == pads + max(weight, 2 * 2048 * 768 * 4)
 
 
 def test_the_split_follows_the_batch():
@@ -527,3 +548,29 @@ def test_the_cublas_logits_schedule_covers_the_real_h100_peaks():
     assert est.compiled_comparable_peak >= 0.95 * real, config
     if gpu_corpus.CASES[config["index"]].model == QWEN2_0_5B:
       assert deviceless < real / 1.4, config
+
+
+@functools.lru_cache(None)
+def _accumulated(topology: str, grad_accum: int):
+  plan = plan_mesh(parse_topology(topology), 8, 1)
+  settings = TrainSettings(batch=64, seq=128, grad_accum=grad_accum)
+  traced = trace_probe(load_model("tiny"), settings, abstract_mesh(plan))
+  return memory.estimate_memory(traced, plan).at_batch(64)
+
+
+def test_two_micro_batches_interleave_on_a_gpu():
+  """The interleaved-micro-batches rule: with two micro-batches the
+  accumulation loop has one iteration, which XLA:GPU inlines beside the
+  first micro-batch; at each point of it the other micro-batch's transient
+  is counted again. Not with four micro-batches (the loop stays), nor on a
+  TPU."""
+  def other(estimate):
+    return sum(c.bytes for c in estimate.peak_buffers
+               if "other micro-batch" in c.name)
+  two = _accumulated("h100:8", 2)
+  assert scopes.ACCUMULATION in two.peak_where
+  extra = other(two)
+  transient = two.compiled_comparable_peak - two.arguments_bytes
+  assert 0 < extra and 2 * extra <= transient + 1
+  assert other(_accumulated("h100:8", 4)) == 0
+  assert other(_accumulated("v5p-16", 2)) == 0

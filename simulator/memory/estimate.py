@@ -432,12 +432,10 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
     live.append(Contributor(buf.where, rescale(buf.shape, batch,
                                                 traced_batch),
                             buf.dtype, b, category))
-  split = points.split_bytes(batch, traced_batch).get(index, 0)
-  if split:  # the split-K rule's partials and padded operands, net
-    at_peak["temporaries"] += split
-    live.append(Contributor(f"{points.where[index]}: split-K partials and "
-                            "padded operands (net)", (), "float32", split,
-                            "temporaries"))
+  for what, extra in points.extras(index, batch, traced_batch).items():
+    at_peak["temporaries"] += extra  # the GPU rules' bytes there, net
+    live.append(Contributor(f"{points.where[index]}: {what}", (), "float32",
+                            extra, "temporaries"))
   comparable = arguments + transient
   totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
   totals["peak"] = peak = comparable + totals["overhead"]

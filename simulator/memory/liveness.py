@@ -245,10 +245,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   for i, eqn in enumerate(eqns):
     if sms is None or eqn.primitive.name != "dot_general" or id(eqn) in dead:
       continue
-    dying = (0, 0)
-    for u in reads[i]:
-      if u in size and last.get(u) == i and u not in taken:
-        dying = _add(dying, size[u])
+    dying = tuple(size[u] for u in reads[i]
+                  if u in size and last.get(u) == i and u not in taken)
     split = xla_gpu_rules.split_matmul(eqn, local, producer,
                                        size[eqn.outvars[0]], dying, sms)
     if split is not None:
@@ -271,6 +269,10 @@ class _Simulation:
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
     self.looped: set = set()  # ids of the jaxprs run inside a loop
+    # ids of the jaxprs that run one micro-batch of a gradient accumulation
+    # (the accumulation loop's body and the calls it makes): on a GPU the
+    # early scatter fill applies there as in the step (xla_gpu_rules)
+    self.micro_batch: set = set()
 
   def plan(self, jaxpr, local: bool, in_place_out,
            order: str = "deferred") -> _Plan:
@@ -300,7 +302,8 @@ class _Simulation:
       if key[0] == self.top and order == "memory":
         plan.stacks.update(xla_gpu_rules.early_loop_outputs(plan.jaxpr,
                                                             plan.size))
-      elif key[0] == self.top and self.gpu and order == "deferred":
+      elif self.gpu and order == "deferred" and (
+          key[0] == self.top or key[0] in self.micro_batch):
         plan.stacks.update(xla_gpu_rules.early_scatter_fills(plan.jaxpr))
       self.plans[key] = plan
     return self.plans[key]
@@ -356,11 +359,20 @@ class _Simulation:
       calls = [] if id(eqn) in plan.dead else xla_rules.calls(eqn, local)
       if calls and (id(jaxpr) in self.looped or xla_rules.is_loop(eqn)):
         self.looped.update(id(sub) for sub, _, _ in calls)
+      if calls and self.gpu and (
+          xla_gpu_rules.accumulation_loop(eqn) or (
+              id(jaxpr) in self.micro_batch and not xla_rules.is_loop(eqn))):
+        self.micro_batch.update(id(sub) for sub, _, _ in calls)
       for k, (sub, sub_local, in_place) in enumerate(calls):
         inner += [(f, l, w, (k, *path), s) for f, l, w, path, s in
                   self.transient(sub, sub_local, in_place)]
       where = _where(eqn)
-      if inner:
+      if inner and self.gpu and xla_gpu_rules.interleaved_micro_batches(
+          eqn, id(jaxpr) == self.top):
+        points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path),
+                    (*s, xla_gpu_rules.InterleavedMicroBatch((f, l), s)))
+                   for f, l, w, path, s in _prune(inner)]
+      elif inner:
         points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path), s)
                    for f, l, w, path, s in _prune(inner)]
       else:
@@ -473,7 +485,8 @@ class Points:
   part: np.ndarray  # each point's index into `parts`
   parts: tuple[str, ...]  # the step's parts: top-level pass and scope
   order: tuple[str, ...]  # per point: its schedule of weight gradients
-  # per point with any: the split-K matmuls there (xla_gpu_rules)
+  # per point with any: what the GPU rules add there at each batch
+  # (xla_gpu_rules: split-K matmuls, the interleaved micro-batch)
   splits: dict[int, tuple]
   _sim: _Simulation = dataclasses.field(repr=False, compare=False)
   _jaxpr: object = dataclasses.field(repr=False, compare=False)
@@ -500,6 +513,16 @@ class Points:
       extra = sum(s.extra(num, den) for s in splits)
       if extra:
         out[i] = extra
+    return out
+
+  def extras(self, index: int, num: int, den: int) -> dict[str, int]:
+    """{what: bytes} the GPU rules add at point `index` at batch scale
+    num/den (`split_bytes`, by rule)."""
+    out: dict[str, int] = {}
+    for s in self.splits.get(index, ()):
+      extra = s.extra(num, den)
+      if extra:
+        out[s.label] = out.get(s.label, 0) + extra
     return out
 
   def _of(self, orders: Iterable[str] | None) -> np.ndarray:

@@ -134,7 +134,13 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   bf16[768,50257], live at XLA's peak in the layers'
                   backward). Simulated in the deferred schedule, from the
                   backward pass's first equation to the call that scatters
-                  into it (#42 -5.18% -> -0.39%, #0 -4.18% -> +0.39%).
+                  into it (#42 -5.18% -> -0.39%, #0 -4.18% -> +0.39%), and
+                  in each micro-batch of a gradient accumulation, whose loop
+                  body is the step over again (gpt2 h100:8 8x1
+                  grad_accum=4, #71: bf16[768,50257] from .../grad_
+                  accumulation/while/body/.../Decoder._embed/.../
+                  broadcast_in_dim live at XLA's peak in the body's loss
+                  backward; -7.21% -> -0.02%).
   GEMM epilogue   the one exception to no output fusion: in a loop body a
                   weight-gradient GEMM whose f32 result is only cast to bf16
                   and added into the loop's accumulator (a chunked loss's
@@ -198,7 +204,14 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   bytes of the narrower operand (before its casts) does
                   not divide K, both operands are padded copies in the
                   GEMM's dtype (GetPaddedK), and what only the matmul read
-                  dies at its pad. An HLO pass, not autotuning (the Triton
+                  dies at its pad, after the pad fusion that reads it has
+                  written its copy: the copies are taken made one at a
+                  time, the largest dying source last, so it is live beside
+                  all of them (gpt2 h100:8 8x1 b8, #72: XLA's peak is at
+                  loop_pad_fusion.1, the bf16[50257,768] weight beside its
+                  f32[768,50272] copy and the padded f32[1024,50272]
+                  d(logits); -9.52% -> -2.90%; an upper bound where XLA
+                  pads the dying operand first, #1 +4.25% -> +6.02%). An HLO pass, not autotuning (the Triton
                   autotuner refuses split_k > 1 in this XLA): a real GPU
                   of the same SMs runs the same split. In gpt2 h100:2x8 4x4
                   (#1) the loss's d(h) = d(logits) . W (M 2048, N 768, K
@@ -257,6 +270,30 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   written, #31-#36: 8x2, 4x2, 16x1, 8x1, 1x1 and 2x8 zero1 on
                   A100s): -2.06% to +5.49% (the rules before: +0.78% to
                   +23.28%).
+  interleaved     the step runs the first micro-batch of a gradient
+  micro-batches   accumulation on its own and the others in a loop
+                  (simulator.step, scope models.scopes.ACCUMULATION); with
+                  two micro-batches that loop has one iteration, XLA:GPU
+                  inlines it, and the latency-hiding scheduler interleaves
+                  the two independent micro-batches' work: in gpt2 h100:8
+                  8x1 b32 grad_accum=2 (#70) both micro-batches' f32 logits
+                  gradients (f32[2,1024,50257] .../loss/add_any, twice, and
+                  their padded f32[2048,50272] copies) are live at XLA's peak
+                  (loop_pad_fusion.1); in llama2_13b h100:4x8 16x2 b32
+                  grad_accum=2 (#63) both residual stacks (bf16[40,1,4096,
+                  2560] from jvp(Decoder)/layers/while and from
+                  while/body/closed_call/jvp(Decoder)/layers/while), the
+                  optimized module's ENTRY holding both forward loops
+                  (while.500, while.498) before both backward ones. How the
+                  two line up is not derived, so the bound is taken: at each
+                  point of the loop's micro-batch its transient is counted
+                  twice (`InterleavedMicroBatch`), the other micro-batch's
+                  work at the same point, its split-K bytes included (#70
+                  -45.18% -> +8.49%, #63 -12.56% -> +12.15% with the micro-
+                  batch scatter fill below: an over-estimate where XLA does
+                  not line the two up). With three or
+                  more micro-batches the loop stays a loop and runs after
+                  the first (#56, grad_accum=4: -0.50%).
 """
 
 from __future__ import annotations
@@ -600,8 +637,9 @@ class SplitMatmul:
   bits: tuple[int, int, int]  # lhs, rhs (before their casts), result
   operand_bytes: int  # itemsize of the operands as the GEMM reads them
   result: tuple[int, int]  # the result's buffer (fixed, linear)
-  dying: tuple[int, int]  # buffers only the matmul still reads
+  dying: tuple[tuple[int, int], ...]  # buffers only the matmul still reads
   sms: Sms
+  label = "split-K partials and padded operands (net)"
 
   def split_at(self, num: int, den: int) -> tuple[tuple[int, ...], int]:
     """(b, m, n, k) at batch scale num/den and the split XLA picks."""
@@ -609,9 +647,13 @@ class SplitMatmul:
     return dims, choose_split(dims, self.bits, self.sms)
 
   def extra(self, num: int, den: int) -> int:
-    """Bytes live at the matmul beyond its result: the f32 partials, with
-    the padded operand copies in place of the dying buffers while the GEMM
-    runs, the result beside the partials while the reduce runs."""
+    """Bytes live at the matmul beyond its result: the padded operand
+    copies while they are made, each dying buffer live until its own copy
+    is written (a pad fusion reads its source while it writes; the largest
+    last: #72's peak is at loop_pad_fusion.1, the bf16 output weight
+    beside its f32 padded copy and the padded d(logits)), then the f32
+    partials beside the copies while the GEMM runs, the result beside the
+    partials while the reduce runs."""
     (b, m, n, k), split = self.split_at(num, den)
     if split == 1:
       return 0
@@ -621,8 +663,41 @@ class SplitMatmul:
       return partials
     at = lambda x: x[0] + x[1] * num // den
     pads = (b * m + b * n) * padded * self.operand_bytes
-    return max(pads - at(self.dying) + partials,
+    dying = [at(d) for d in self.dying]
+    held = pads - sum(dying)
+    return max(held + max(dying, default=0), held + partials,
                partials + at(self.result)) - at(self.result)
+
+
+@dataclasses.dataclass(frozen=True)
+class InterleavedMicroBatch:
+  """The interleaved-micro-batches rule at one point of the accumulation
+  loop's micro-batch: the other micro-batch's transient there counted
+  again, its bytes (fixed, linear at the traced batch) and what the other
+  GPU rules add at that point (`splits`: its split-K partials)."""
+
+  transient: tuple[int, int]
+  splits: tuple = ()
+  label = "the other micro-batch's work at the same point (interleaved)"
+
+  def extra(self, num: int, den: int) -> int:
+    f, l = self.transient
+    return (f + l // den * num + l % den * num // den
+            + sum(s.extra(num, den) for s in self.splits))
+
+
+def accumulation_loop(eqn) -> bool:
+  """Whether `eqn` is the step's gradient-accumulation loop (the scan over
+  the micro-batches after the first, scope models.scopes.ACCUMULATION)."""
+  return (eqn.primitive.name == "scan" and scopes.ACCUMULATION
+          in scopes.scopes_of(eqn.source_info.name_stack))
+
+
+def interleaved_micro_batches(eqn, top: bool) -> bool:
+  """Whether the top-level `eqn` is an accumulation loop of one iteration,
+  which XLA:GPU inlines beside the first micro-batch (the interleaved-
+  micro-batches rule)."""
+  return top and accumulation_loop(eqn) and eqn.params.get("length") == 1
 
 
 def _bits_before_casts(v, producer: dict) -> int:
@@ -639,7 +714,8 @@ def _bits_before_casts(v, producer: dict) -> int:
 
 
 def split_matmul(eqn, local: bool, producer: dict, result: tuple[int, int],
-                 dying: tuple[int, int], sms: Sms) -> SplitMatmul | None:
+                 dying: tuple[tuple[int, int], ...], sms: Sms
+                 ) -> SplitMatmul | None:
   """The split-K rule's view of a dot_general (None: no GEMM the rewriter
   splits: an integer matmul (it skips s32), or a batch of vector dot
   products, which XLA makes a multiply and a reduce: the flash backward's
