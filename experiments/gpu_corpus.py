@@ -181,6 +181,16 @@ CASES: list[Case] = [
     Case("gpt2", "h100:8", "8x1", 32, 1024, "full", "adamw", G,
          grad_accum=4),
     Case("gpt2", "h100:8", "8x1", 8, 1024, "full", "adamw", G),
+    # Held out after those three rules: two micro-batches on A100s (no
+    # latency-hiding scheduler) and on qwen2-0.5b, three on H200s, two
+    # sequences a GPU on a TP mesh.
+    Case("gpt2", "a100:8", "8x1", 32, 1024, "full", "adamw", GC,
+         grad_accum=2),
+    Case("llama2_7b", "h200:8", "8x1", 24, 2048, "full", "adamw", GC,
+         grad_accum=3),
+    Case("gpt2", "h100:8", "4x2", 8, 1024, "full", "adamw", GC),
+    Case(QWEN2_0_5B, "h100:8", "8x1", 16, 2048, "full", "adamw", GC,
+         grad_accum=2, precision="bf16"),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:
