@@ -90,7 +90,8 @@ def main(argv):
                  threshold_tokens_global=_rnd(e.threshold_tokens_global),
                  t_math_s=e.t_math, t_comm_s=e.t_comm,
                  exposed_comm_s=e.exposed_comm, step_time_s=e.step_time,
-                 t_hbm_s=e.t_hbm, t_matmul_hbm_s=e.t_matmul_hbm, mfu=e.mfu, roofline_mfu=e.roofline_mfu,
+                 t_hbm_s=e.t_hbm, t_matmul_hbm_s=e.t_matmul_hbm, mfu=e.mfu,
+                 roofline_mfu=e.roofline_mfu,
                  hfu=e.hfu)
     meshes.append(row)
   out = dict(

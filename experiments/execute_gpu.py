@@ -216,7 +216,8 @@ def write(rows: list[dict], path: str) -> None:
           "2.53 TB/s on a copy; experiments.probe_gpu), each matmul at the "
           "longer of its FLOPs and its operands' and result's bytes, plus the "
           "fusions' bytes. MFU (both columns): the model FLOPs over the step "
-          "time at the datasheet's 989.5 TFLOP/s.", "", "## Summary", "", *summary(rows), "",
+          "time at the datasheet's 989.5 TFLOP/s.", "", "## Summary", "",
+          *summary(rows), "",
           "## Runs", "", "| " + " | ".join(COLUMNS) + " |",
           "|" + "---|" * len(COLUMNS)]
   text += ["| " + " | ".join(table_row(r)) + " |" for r in rows]

@@ -367,13 +367,12 @@ class _Simulation:
         inner += [(f, l, w, (k, *path), s) for f, l, w, path, s in
                   self.transient(sub, sub_local, in_place)]
       where = _where(eqn)
-      if inner and self.gpu and xla_gpu_rules.interleaved_micro_batches(
-          eqn, id(jaxpr) == self.top):
+      twice = self.gpu and xla_gpu_rules.interleaved_micro_batches(
+          eqn, id(jaxpr) == self.top)
+      if inner:
         points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path),
-                    (*s, xla_gpu_rules.InterleavedMicroBatch((f, l), s)))
-                   for f, l, w, path, s in _prune(inner)]
-      elif inner:
-        points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path), s)
+                    (*s, xla_gpu_rules.InterleavedMicroBatch((f, l), s))
+                    if twice else s)
                    for f, l, w, path, s in _prune(inner)]
       else:
         split = plan.splits.get(i)
@@ -509,8 +508,8 @@ class Points:
     """{point: bytes the split-K rule adds there} at batch scale num/den
     (the points where XLA splits a matmul at that batch)."""
     out = {}
-    for i, splits in self.splits.items():
-      extra = sum(s.extra(num, den) for s in splits)
+    for i in self.splits:
+      extra = sum(self.extras(i, num, den).values())
       if extra:
         out[i] = extra
     return out

@@ -355,11 +355,11 @@ def matmul_hbm_time(model: MeshModel, tokens: float, hw: Hardware, phases
   """Per layer instance, how much longer its matmuls run than their FLOPs
   say because their bytes, not their FLOPs, bound them: each matmul takes
   the larger of its FLOPs over the matmul rate and its operands' and
-  result's bytes over the HBM bandwidth (the roofline of one kernel). The
-  blocks of a fused attention kernel stay on chip (`fit`); outside one a
-  head-sized contraction (K = 128: attention scores [s, block] in f32 from
-  bf16 [s, 128] and [128, block]) moves more bytes than the MXU or tensor
-  cores need time for."""
+  result's bytes over the HBM bandwidth (the roofline of one kernel). A
+  head-sized contraction (K = 128: the blockwise attention's scores
+  [s, block] in f32 from bf16 [s, 128] and [128, block], as its traced
+  scan runs) moves more bytes than the MXU or tensor cores need time
+  for."""
   out: dict[str, float] = collections.defaultdict(float)
   if not hw.hbm_bandwidth:
     return out
