@@ -163,8 +163,9 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
   dead = xla_rules.dead_equations(jaxpr)
-  no_buffer = accumulated | {v for e in eqns if id(e) in dead
-                             for v in e.outvars}
+  no_buffer = (accumulated | {v for e in eqns if id(e) in dead
+                              for v in e.outvars}
+               | xla_gpu_rules.host_operands_in_place(eqns, readers, gpu))
   producer = {v: eqn for eqn in eqns for v in eqn.outvars}
   sunk = xla_gpu_rules.sunk_into_loops(eqns, readers, producer, gpu)
   chain_producers = xla_gpu_rules.chain_producers(producer, gpu)
@@ -293,7 +294,7 @@ class _Simulation:
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
       if id(jaxpr) == self.top and not self.gpu:
         jaxpr = xla_rules.hoist_dequantized_state(jaxpr)
-      jaxpr, held = xla_rules.stream_offloaded_update(jaxpr)
+      jaxpr, held = xla_rules.stream_offloaded_update(jaxpr, self.gpu)
       stacks, hoisted = xla_gpu_rules.weight_stacks(jaxpr, local, self.gpu)
       self.hoisted |= hoisted
       plan = _plan(jaxpr, local, in_place_out, self.hoisted, stacks, held,

@@ -270,6 +270,25 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   written, #31-#36: 8x2, 4x2, 16x1, 8x1, 1x1 and 2x8 zero1 on
                   A100s): -2.06% to +5.49% (the rules before: +0.78% to
                   +23.28%).
+  host operands   a fusion reads an operand in host memory where it lies
+  in place        (pinned host memory, S(5) in the layout): an offloaded
+                  argument that only elementwise ops read is fetched into
+                  no device buffer. In llama2_7b h100:8 8x1 b16
+                  --offload=optimizer (#65) each leaf's AdamW update is one
+                  multi-output fusion reading its moments from host memory
+                  (loop_add_fusion.15 reads param.43 and param.44,
+                  f32[32,512,11008]{2,1,0:S(5)}) and writing the new
+                  parameter and moments to device buffers, whose copies back
+                  to host (copy-start.18.0, .19.0) are issued after it and
+                  done after the next leaf's update (loop_add_fusion.15's
+                  outputs live at loop_add_fusion.25, schedule positions
+                  643-659); the step's program fetches every moment before
+                  the forward pass and writes them all back at its end.
+                  So the fetch has no buffer and the update streams leaf by
+                  leaf as with gradients in host memory (xla_rules,
+                  streamed offloaded update, which takes the previous
+                  leaf's copies back to end after the next leaf's update):
+                  #65 +30.53% -> see experiments/validation_gpu.md.
   interleaved     the step runs the first micro-batch of a gradient
   micro-batches   accumulation on its own and the others in a loop
                   (simulator.step, scope models.scopes.ACCUMULATION); with
@@ -311,7 +330,7 @@ from simulator.tracing import loops
 from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator.memory import xla_rules
 from simulator.tracing.program import subjaxprs
-from simulator.tracing.trace import layout_of, made_by_backward
+from simulator.tracing.trace import fusible, layout_of, made_by_backward
 
 
 def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool,
@@ -396,6 +415,17 @@ def _gathered_off_major(body, outer: dict) -> set:
               a: slices[b] for a, b in zip(sub.invars, eqn.invars)
               if isinstance(b, jcore.Var) and b in slices})
   return found
+
+
+def host_operands_in_place(eqns, readers, gpu: bool) -> set:
+  """The host-operands-in-place rule: the values fetched from host memory
+  that only elementwise ops read (through views), which a GPU's fusions
+  read where they lie; empty off a GPU."""
+  if not gpu:
+    return set()
+  return {v for e in eqns if xla_rules.fetches_host_value(e)
+          for v in e.outvars
+          if all(fusible(r) for r in readers(v))}
 
 
 def late_gradient_collectives(jaxpr):

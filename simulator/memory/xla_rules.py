@@ -949,7 +949,7 @@ def fetches_host_value(eqn) -> bool:
           and not any(on_host(v.aval) for v in eqn.outvars))
 
 
-def stream_offloaded_update(jaxpr) -> tuple[object, dict]:
+def stream_offloaded_update(jaxpr, gpu: bool = False) -> tuple[object, dict]:
   """The streamed-offloaded-update rule: `jaxpr` with what reads state
   fetched from host memory outside the forward pass (gradients made in host
   memory where the parameters live, moments, parameters for the update) and
@@ -978,7 +978,10 @@ def stream_offloaded_update(jaxpr) -> tuple[object, dict]:
   the backward makes its gradient. With the moments alone in host memory
   XLA fetches them during the backward, several leaves at once (#68
   --offload=optimizer: 6 copy-starts, the moments of all three MLP leaves,
-  at its peak in the layers' backward), which program order holds too."""
+  at its peak in the layers' backward), which program order holds too.
+  On a GPU (`gpu`) the update streams with the moments alone in host memory
+  too: XLA:GPU's fusions read them there (xla_gpu_rules, host operands in
+  place), so nothing is fetched ahead."""
   eqns = list(jaxpr.eqns)
   producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
   loss = [i for i, e in enumerate(eqns)
@@ -1000,8 +1003,8 @@ def stream_offloaded_update(jaxpr) -> tuple[object, dict]:
       streamed.add(i)
       made.update(e.outvars)
   inputs = set(jaxpr.invars)
-  if not any(fetches_host_value(eqns[i]) and any(
-      isinstance(v, jcore.Var) and v not in inputs for v in eqns[i].invars)
+  if not any(fetches_host_value(eqns[i]) and (gpu or any(
+      isinstance(v, jcore.Var) and v not in inputs for v in eqns[i].invars))
              for i in streamed):
     return jaxpr, {}  # no gradient fetched from host: moments prefetched
   order = [i for i in range(len(eqns)) if i not in streamed]
