@@ -624,3 +624,21 @@ def test_the_dequantized_8bit_moments_are_made_first():
   assert first and not any(made_by_backward(e) for e in moved.eqns[:8])
   assert all(v.aval.dtype == jnp.float32 for e in first for v in e.outvars)
   assert sorted(map(id, moved.eqns)) == sorted(map(id, j.eqns))
+
+
+def test_every_tpu_schedule_makes_the_dequantized_moments_first():
+  """The early-dequantized-state rule holds in the deferred schedule too,
+  not only in the traced one (the deferred rule rewrites the step's jaxpr
+  first; the rule still applies to the step's own)."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  j = trace_probe(load_model("gpt2"), TrainSettings(
+      batch=8, seq=128, optimizer="adamw_8bit"), abstract_mesh(plan)).jaxpr
+  j = j.jaxpr
+  sim = liveness._Simulation()
+  sim.top = id(j)
+  for order in ("deferred", "traced"):
+    eqns = sim.plan(j, False, (), order).jaxpr.eqns
+    first = [e for e in eqns[:8] if e.primitive.name == "shard_map"]
+    assert first and not any(made_by_backward(e) for e in eqns[:8]), order
+    assert all(v.aval.dtype == jnp.float32 for e in first
+               for v in e.outvars), order

@@ -285,14 +285,15 @@ class _Simulation:
     (xla_gpu_rules)."""
     key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
-      if order == "deferred" and self.gpu and id(jaxpr) == self.top:
+      top = id(jaxpr) == self.top  # the step's own jaxpr, in any schedule
+      if order == "deferred" and self.gpu and top:
         jaxpr = xla_gpu_rules.defer_step_weight_grads(jaxpr, self.results)
       elif order == "deferred":
         jaxpr = xla_rules.defer_weight_grads(
-            jaxpr, results=self.results if id(jaxpr) == self.top else ())
+            jaxpr, results=self.results if top else ())
       elif order == "late":
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
-      if id(jaxpr) == self.top and not self.gpu:
+      if top and not self.gpu:
         jaxpr = xla_rules.hoist_dequantized_state(jaxpr)
       jaxpr, held = xla_rules.stream_offloaded_update(jaxpr, self.gpu)
       stacks, hoisted = xla_gpu_rules.weight_stacks(jaxpr, local, self.gpu)
