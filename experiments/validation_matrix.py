@@ -290,17 +290,15 @@ def main(argv):
     write(rows, _out(), started)
     _say(f"re-checked {len(rows)} kept rows in {time.time() - started:.1f} s")
     return
-  import concurrent.futures as cf
   from simulator.workers import Pool
   chosen = _chosen(FLAGS.only)
   pool = Pool(FLAGS.workers, FLAGS.ray_address)
   _say(f"compiling {len(chosen)} configs {pool.where}")
   rows: list = []
+  here = pool.workers == 1 and not FLAGS.ray_address
   try:
-    jobs = {pool.submit(compile_index, FLAGS.corpus, i, pool.workers == 1
-                        and not FLAGS.ray_address): i for i in chosen}
-    for future in cf.as_completed(jobs):
-      i = jobs[future]
+    for (_, i, _), future in pool.as_completed(
+        compile_index, ((FLAGS.corpus, i, here) for i in chosen)):
       r = future.result()
       _say(f"[{len(rows) + 1}/{len(chosen)} #{i} {_cases()[i].label()}] "
            f"{r.get('error') or 'compiled'} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 
 class Pool:
@@ -43,6 +43,25 @@ class Pool:
     except Exception as e:  # noqa: BLE001 - handed to the caller as a result
       future.set_exception(e)
     return future
+
+  def as_completed(self, fn: Callable[..., Any], jobs: Iterable[tuple]
+                   ) -> Iterator[tuple[tuple, cf.Future]]:
+    """(args, its future) for `fn(*args)` over `jobs`, as each finishes,
+    with at most `workers` submitted at a time: a caller keeps each result
+    before the next job starts here, so an interrupted run loses at most
+    the jobs in flight."""
+    pending = iter(jobs)
+    in_flight: dict = {}
+    while True:
+      for args in pending:
+        in_flight[self.submit(fn, *args)] = args
+        if len(in_flight) >= self.workers:
+          break
+      if not in_flight:
+        return
+      done, _ = cf.wait(in_flight, return_when=cf.FIRST_COMPLETED)
+      for future in done:
+        yield in_flight.pop(future), future
 
   def close(self) -> None:
     if self._local is not None:

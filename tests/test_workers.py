@@ -27,3 +27,34 @@ def test_here_and_in_processes_the_same_futures():
 def test_bad_workers():
   with pytest.raises(ValueError, match="--workers=0 must be >= 1"):
     Pool(0)
+
+
+_STARTED: list = []
+
+
+def _started(x):
+  _STARTED.append(x)
+  return x
+
+
+def test_each_result_comes_back_before_the_next_job_starts_here():
+  """One worker: a job runs only after the previous result was handed back
+  (validation_matrix appends each row as it comes), and every job's result
+  comes back once."""
+  _STARTED.clear()
+  pool = Pool(1)
+  seen = []
+  for args, future in pool.as_completed(_started, [(1,), (2,), (3,)]):
+    assert _STARTED == [1, 2, 3][:len(seen) + 1]
+    seen.append((args, future.result()))
+  assert seen == [((1,), 1), ((2,), 2), ((3,), 3)]
+
+
+def test_workers_run_every_job_once():
+  pool = Pool(2)
+  try:
+    got = sorted(f.result() for _, f in pool.as_completed(
+        _half, [(n,) for n in range(10)]))
+  finally:
+    pool.close()
+  assert got == sorted(n // 2 for n in range(10))
