@@ -37,6 +37,17 @@ def test_summary_reports_each_part_apart():
          "39.00%" in text
 
 
+def test_a_summary_of_host_streamed_rows_alone_has_no_flops_median():
+  """A table whose only compiled row streams its layers from host memory
+  (the first row of a compile batch, say) gets a summary, not an error."""
+  row = _row("llama3_8b", 0.02, 0.0, "check")
+  row["config"].update(index=7, remat="offload:qkv")
+  row["flops"] = {"relative_error": -0.4}
+  text = "\n".join(vm.summary([row]))
+  assert "no config to compare; not comparable where the layer loops " \
+         "stream from host memory (#7 -40.00%)" in text, text
+
+
 def test_the_gpu_corpus_parts_are_reported_apart(tmp_path):
   """`gpu` (tuned on) and `gpu-check` (held out) each get their own lines,
   and a table of GPU rows says so in its header."""
