@@ -216,6 +216,34 @@ def test_a_narrowed_weight_gradient_with_partial_sums_fuses_only_in_a_loop():
       j.eqns, readers, set(j.outvars), in_loop=True)
 
 
+def test_an_input_gradient_with_partial_sums_is_an_f32_buffer_outside_loops():
+  """Contracting the vocabulary sharded over Y (the loss's input gradient
+  under TP), the activation matmul holds partial sums: outside a loop a
+  collective adds them up in f32 first, so the f32 result is a buffer and
+  its cast does not fuse (f32[32,2048,4096] at the peak of llama3_8b
+  v5p-64 8x4, #122); without partial sums, or in a loop, the cast fuses."""
+  mesh = AbstractMesh((2,), ("Y",), axis_types=(AxisType.Explicit,))
+  def fn(d, w):
+    return jnp.einsum("bv,dv->bd", d, w,
+                      out_sharding=P(None, None)).astype(jnp.bfloat16)
+  def jaxpr(spec):
+    with jax.sharding.use_abstract_mesh(mesh):
+      return jax.make_jaxpr(fn)(
+          jax.ShapeDtypeStruct((PROBE, 16), jnp.float32,
+                               sharding=NamedSharding(mesh, spec)),
+          jax.ShapeDtypeStruct((8, 16), jnp.float32,
+                               sharding=NamedSharding(mesh, spec))).jaxpr
+  for spec, split in ((P(None, "Y"), True), (P(None, None), False)):
+    j = jaxpr(spec)
+    dot = _eqn(j, "dot_general")
+    assert xla_rules.partial_sums(dot) == split
+    readers = lambda v: [e for e in j.eqns if v in e.invars]
+    chained = xla_rules.matmul_fusion_chain(j.eqns, readers, set(j.outvars))
+    assert (dot.outvars[0] in chained) != split
+    assert dot.outvars[0] in xla_rules.matmul_fusion_chain(
+        j.eqns, readers, set(j.outvars), in_loop=True)
+
+
 def test_iotas_and_fills_a_loop_reads_are_sunk_into_it():
   """The sunk-loop-constants rule: an iota and a zero fill made outside a
   loop and read by it as constants are made inside it (XLA's

@@ -20,7 +20,15 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   v5p-32 16x1 b512: fusion.548/549; q and k stay bf16 there,
                   their f32 casts fuse into the rope); a weight gradient,
                   summed over the batch, is a buffer of its own (f32[12565,768]
-                  at the peak of gpt2 v5p-8 4x4);
+                  at the peak of gpt2 v5p-8 4x4); outside a loop, a matmul
+                  contracting a dim sharded over a mesh axis holds partial
+                  sums, added up in f32 by a collective before anything
+                  reads them, so its f32 result is a buffer and its cast
+                  does not fuse: the loss's input gradient over the
+                  vocabulary split over Y, f32[32,2048,4096] (.../transpose(
+                  jvp(Decoder))/loss/bsd,dv->bsv/dot_general), is at the
+                  peak of llama3_8b v5p-64 8x4 b256 offload:qkv,attn_out
+                  (fusion.263, #122: the traced schedule -3.1% -> -0.2%);
   into matmuls    an elementwise value read by matmuls (directly or through
                   views) is computed inside each matmul's fusion when the
                   chain of elementwise ops that makes it reads nothing as
@@ -538,8 +546,8 @@ def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False,
                         narrowed_only: bool = False) -> set:
   """The values made inside matmuls' output fusions: each activation
   matmul's result, a weight gradient's whose one reader is a narrowing cast
-  (the narrowed-weight-gradients rule; outside a loop (`in_loop`) only one
-  with no partial sums to reduce across devices), a call's output made
+  (the narrowed-weight-gradients rule), either, outside a loop (`in_loop`),
+  only with no partial sums to reduce across devices; a call's output made
   inside such a fusion in its body, and what the elementwise ops reading
   them make while each value has one reader (`readers(v)`: v's readers
   through views) and is not one of the jaxpr's outputs `outs`; the chain's
@@ -548,7 +556,8 @@ def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False,
   chained: set = set()
   for eqn in eqns:
     one = lambda u: len({id(c) for c in readers(u)}) == 1
-    if (activation_matmul(eqn) and not narrowed_only) or (
+    if (activation_matmul(eqn) and not narrowed_only
+        and (in_loop or not partial_sums(eqn))) or (
         _matmul_kind(eqn) == "weight_grad" and one(eqn.outvars[0])
         and (in_loop or not partial_sums(eqn))
         and _narrowed(next(iter(readers(eqn.outvars[0]))), readers)) or (
