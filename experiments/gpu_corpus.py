@@ -193,6 +193,26 @@ CASES: list[Case] = [
     Case("gpt2", "h100:8", "4x2", 8, 1024, "full", "adamw", GC),
     Case(QWEN2_0_5B, "h100:8", "8x1", 16, 2048, "full", "adamw", GC,
          grad_accum=2, precision="bf16"),
+    # Held out, compiled after the host-operands-in-place rule: 8-way TP
+    # inside a host, 8-bit AdamW at seq 4096 on H200s, MQA with zero2 and
+    # Adafactor, bf16 master weights with no remat on A100s, offload remat,
+    # materialized attention with a chunked loss, T5 with Adafactor on
+    # H200s, zero1 bf16 over four hosts with TP.
+    Case("llama2_13b", "h100:2x8", "2x8", 16, 4096, "names:qkv", "adamw",
+         GC),
+    Case("mistral_7b", "h200:8", "8x1", 32, 4096, "full", "adamw_8bit", GC),
+    Case(GEMMA_2B, "h100:8", "8x1", 32, 2048, "dots", "adafactor", GC,
+         shard="zero2"),
+    Case(QWEN2_0_5B, "a100:8", "4x2", 32, 2048, "none", "adamw", GC,
+         precision="bf16_master"),
+    Case("llama3_8b", "h100:2x8", "16x1", 64, 2048, "offload:qkv", "adamw",
+         GC),
+    Case("gpt2", "h100:8", "8x1", 64, 1024, "full", "adamw", GC,
+         loss_chunks=2, attention="materialized"),
+    Case("t5_large", "h200:8", "8x1", 128, 512, "full", "adafactor", GC,
+         target_seq=128),
+    Case("llama2_7b", "h100:4x8", "8x4", 64, 2048, "full", "adamw", GC,
+         shard="zero1", precision="bf16"),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:
