@@ -288,7 +288,9 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   leaf as with gradients in host memory (xla_rules,
                   streamed offloaded update, which takes the previous
                   leaf's copies back to end after the next leaf's update):
-                  #65 +30.53% -> see experiments/validation_gpu.md.
+                  #65 +30.53% -> +1.83%. Read off the moments; no GPU row
+                  offloads parameters, whose forward casts the rule would
+                  read in host memory too.
   interleaved     the step runs the first micro-batch of a gradient
   micro-batches   accumulation on its own and the others in a loop
                   (simulator.step, scope models.scopes.ACCUMULATION); with
