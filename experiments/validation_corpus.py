@@ -190,7 +190,9 @@ CASES: list[Case] = [
           offload=("optimizer",)),
     Case("llama2_7b", "v5p-16", "4x2", 16, 2048, "full", "adamw", C,
           offload=("optimizer", "params")),
-    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", C,
+    # #70: the prefetched-host-weights rule was read off its peak, so it
+    # is tuned on now.
+    Case("llama2_7b", "v5p-8", "4x1", 8, 2048, "full", "adamw", T,
           lora_rank=16, base_quant="nf4", offload=("params",)),
     # Encoder-decoders (T5 v1.0 tied and ReLU, v1.1 gated-GELU and untied),
     # added after the memory rules; none was tuned on.
@@ -324,7 +326,9 @@ CASES: list[Case] = [
          "adamw", C, shard="zero1"),
     Case(GEMMA_2B, "v5e-16", "8x2", 64, 2048, "full", "adafactor", C),
     Case("llama2_70b", "v5p-128", "8x8", 192, 4096, "full", "adamw", C),
-    Case("mistral_7b", "v4-64", "16x2", 128, 8192, "full", "adamw", C,
+    # #121: the sunk fill and the flash forward's p were read off its
+    # peak, so it is tuned on.
+    Case("mistral_7b", "v4-64", "16x2", 128, 8192, "full", "adamw", T,
          precision="bf16"),
     # #122 (+24.21%, the deferred schedule's bound; its traced schedule
     # -3.1%): the partial-sums part of the output-fusion rule was read off

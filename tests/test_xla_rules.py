@@ -670,3 +670,68 @@ def test_every_tpu_schedule_makes_the_dequantized_moments_first():
     assert first and not any(made_by_backward(e) for e in eqns[:8]), order
     assert all(v.aval.dtype == jnp.float32 for e in first
                for v in e.outvars), order
+
+
+def test_a_fill_made_in_a_call_is_sunk_into_the_loop_reading_it():
+  """The sunk-loop-constants rule looks through a call: a -1e30 fill a jit
+  returns and a scan reads as a constant (the flash forward's, passed out
+  of the attention's call by partial evaluation) is no buffer; one made
+  from an argument is."""
+  def fn(xs_CxBxK, arg_BxK):
+    fill, gram = jax.jit(lambda a: (jnp.full(xs_CxBxK.shape[1:], -1e30),
+                                    a @ a.T))(arg_BxK)  # not fusible whole
+    other = jax.jit(lambda a: a * 2.0)(arg_BxK) + gram.sum()
+    def body(c, x):
+      return c + jnp.sum(jnp.maximum(x, fill) + other), None
+    return jax.lax.scan(body, 0.0, xs_CxBxK)[0]
+  j = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((4, 8, 1024), jnp.float32),
+                         jax.ShapeDtypeStruct((8, 1024), jnp.float32)).jaxpr
+  calls = [e for e in j.eqns if e.primitive.name in ("jit", "pjit")]
+  producer = {v: e for e in j.eqns for v in e.outvars}
+  readers = lambda v: [e for e in j.eqns if v in e.invars]
+  sunk = xla_rules.sunk_into_loops(j.eqns, readers, producer)
+  assert calls[0].outvars[0] in sunk and calls[1].outvars[0] not in sunk
+
+
+def test_a_value_one_matmul_alone_reads_is_taken_into_it():
+  """The into-matmuls rule's sole-reader part: the flash forward's bf16 p,
+  made from the wider f32 scores and read by the p·V matmul alone, is no
+  buffer (on a TPU); read by two matmuls, as the backward's ds, it is."""
+  def fn(s_BxT, v_TxH, k_TxH):
+    p = jnp.exp(s_BxT - s_BxT.max(-1, keepdims=True)).astype(jnp.bfloat16)
+    return p @ v_TxH, p
+  j = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((PROBE, 64), jnp.float32),
+                         jax.ShapeDtypeStruct((64, 8), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((64, 8), jnp.bfloat16)).jaxpr
+  cast = next(e for e in j.eqns if e.primitive.name == "convert_element_type")
+  dot = _eqn(j, "dot_general")
+  args = (cast, cast.outvars[0], [dot], [dot], False)
+  assert xla_rules.fused_away(*args, sole_matmul_in=True)
+  assert not xla_rules.fused_away(*args)  # a GPU: a loop fusion's output
+  two = [dot, dot.replace(invars=list(dot.invars))]
+  assert not xla_rules.fused_away(cast, cast.outvars[0], two, two, False,
+                                  sole_matmul_in=True)
+
+
+def test_weights_in_host_memory_are_prefetched_at_the_loop_body_start():
+  """The prefetched-host-weights rule (--offload=params): in the layer
+  loop's body every weight fetched from host memory, with its gather and
+  cast, comes before anything that carries the batch; the equations are
+  the same ones."""
+  from simulator.tracing.program import subjaxprs
+  j = _offload_jaxpr("params")
+  body = next(b for e in j.eqns if e.primitive.name == "scan"
+              for _, b in subjaxprs(e)
+              if any(xla_rules.fetches_host_value(x) for x in b.eqns))
+  moved = xla_rules.prefetch_host_weights(body)
+  assert moved is not body
+  assert sorted(map(id, moved.eqns)) == sorted(map(id, body.eqns))
+  fetches = [i for i, e in enumerate(moved.eqns)
+             if xla_rules.fetches_host_value(e)]
+  from simulator.tracing.batch_probe import carries_batch
+  batch = [i for i, e in enumerate(moved.eqns)
+           if any(carries_batch(v.aval.shape) for v in e.outvars)]
+  assert fetches and max(fetches) < min(batch)
+  plain = _offload_jaxpr()
+  assert all(xla_rules.prefetch_host_weights(b) is b
+             for e in plain.eqns for _, b in subjaxprs(e))

@@ -129,7 +129,9 @@ class _Plan:
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           stacks: dict, held: dict | None = None, gpu: bool = False,
           sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False,
-          apart: bool = False) -> _Plan:
+          apart: bool = False, sole_matmul_in: bool | None = None) -> _Plan:
+  # sole_matmul_in (xla_rules.fused_away; None: off a GPU, as XLA:GPU makes
+  # a GEMM's operand in a loop fusion of its own)
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -182,7 +184,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
               v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
-                  v in chained, chain_producers)))
+                  v in chained, chain_producers,
+                  not gpu if sole_matmul_in is None else sole_matmul_in)))
       if fused or v in in_place:
         size[v] = (0, 0)
         end = last.get(v, i)
@@ -295,6 +298,8 @@ class _Simulation:
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
       if top and not self.gpu:
         jaxpr = xla_rules.hoist_dequantized_state(jaxpr)
+      if not self.gpu:
+        jaxpr = xla_rules.prefetch_host_weights(jaxpr)
       jaxpr, held = xla_rules.stream_offloaded_update(jaxpr, self.gpu)
       stacks, hoisted = xla_gpu_rules.weight_stacks(jaxpr, local, self.gpu)
       self.hoisted |= hoisted
@@ -442,7 +447,12 @@ def hbm_traffic(jaxpr, local: bool = False, in_loop: bool = False
   stream under its FLOPs); a call's or loop's body is its own jaxpr
   (`in_loop`: one run inside a loop, for the narrowed-weight-gradients
   rule)."""
-  plan = _plan(jaxpr, local, (), set(), {}, in_loop=in_loop)
+  # Without the hoisted-casts rule here, the sole-reader part of the
+  # into-matmuls rule would take every layer's bf16 weight cast into its
+  # matmul, where XLA makes the cast stack once, outside the loop: each
+  # cast stays a fusion of its own, as before that part was read.
+  plan = _plan(jaxpr, local, (), set(), {}, in_loop=in_loop,
+               sole_matmul_in=False)
   producer = {v: e for e in jaxpr.eqns for v in e.outvars}
 
   from_matmul: dict = {}  # value -> whether it is made in a matmul's fusion

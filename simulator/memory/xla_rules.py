@@ -44,7 +44,13 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   flash forward's output, f32 acc / l cast to bf16 and read
                   by the output projection through a reshape, is a bf16
                   buffer (broadcast_divide_fusion.2) and the f32 acc dies
-                  there (while.330{3});
+                  there (while.330{3}); a value one matmul alone reads,
+                  with no view between, is taken into it whatever its
+                  chain reads: the flash
+                  forward's bf16 p, exp(s - m) cast for p·V, is no buffer
+                  at the flash-forward peaks of #121 (the f32 scores live
+                  at fusion.467 and nothing of p's size) and llama2_7b
+                  v5p-8 4x1 QLoRA nf4 --offload=params (#70, fusion.1387);
   narrowed weight a weight gradient whose one reader is a cast to a
   gradients       narrower dtype is made by one fusion with the cast, and
                   that fusion goes on into an add that reads the cast while
@@ -73,6 +79,13 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   one-hot iota and zero fill, [4,192,32064] i32 and f32,
                   are not operands of its forward loop in that dump
                   (while.367 carries the chunks, the weight and the labels);
+                  a call's output counts as made by its body's ops (XLA
+                  inlines calls before): the flash forward's -1e30 fill, a
+                  broadcast JAX's partial evaluation passes out of the
+                  attention's call into its key-block loop, is at no
+                  dumped peak (mistral_7b v4-64 16x2 s8192, #121: XLA's
+                  peak, fusion.467 in the flash forward, holds the scores
+                  f32[8,4,4,8192,512] and the stacked masks, no fill);
   views           reshapes, transposes, casts to the same dtype alias their
                   operand;
   in place        a fusion's output takes the buffer of an operand of its size
@@ -307,6 +320,17 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   under-estimate: in these compiles the switch fell
                   between the same batches both ways (b720 kept, b736
                   dropped);
+  prefetched host with the parameters in host memory (--offload=params), a
+  weights         layer's weights are fetched, gathered and dequantized at
+                  the start of its loop body, and the output projection's
+                  weight at the step's start: XLA issues the host copies
+                  first. At #70's peak, in the forward attention
+                  (fusion.1387), the current layer's dequantized MLP and
+                  output weights (.../blocks/mlp/wi/mul bf16[4096,172,64],
+                  .../mlp/wo/mul, .../attn/o/mul) are live, and so is the
+                  output projection's f32[1024,32000]: -4.53% -> +2.37%
+                  with the fill and p rules above, which had held their
+                  place (without this rule those two take #70 to -11.1%);
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
@@ -482,14 +506,16 @@ def activation_matmul(eqn) -> bool:
 
 
 def fused_away(eqn, v, readers: list, through_views: list, local: bool,
-               in_matmul_fusion: bool = False, producer: dict | None = None
-               ) -> bool:
+               in_matmul_fusion: bool = False, producer: dict | None = None,
+               sole_matmul_in: bool = False) -> bool:
   """Whether `v`, made by `eqn`, has no buffer of its own: `readers` are the
   equations that read it, `through_views` the same seen through views;
   `in_matmul_fusion`: `v` is an activation matmul's result or made from one
   by the elementwise chain its output fusion takes in; `producer`: the
   equation that makes each value of the jaxpr (the into-matmuls rule reads
-  the chain that makes `v` through it)."""
+  the chain that makes `v` through it); `sole_matmul_in`: a value one
+  matmul alone reads, with no view between, is taken into it whatever it
+  reads (the into-matmuls rule's sole-reader part)."""
   if is_view(eqn):
     return True
   if eqn.primitive.name == "dot_general" and not in_matmul_fusion:
@@ -503,7 +529,9 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
   matmul = lambda c: c.primitive.name == "dot_general"
   return (loop_fusible(eqn) and all(absorbs(c) or matmul(c) for c in readers)
           and (not any(map(matmul, through_views))
-               or _chain_no_wider(eqn, producer or {})))
+               or _chain_no_wider(eqn, producer or {})
+               or (sole_matmul_in and len(readers) == 1
+                   and matmul(readers[0]))))
 
 
 def _itemsize(v) -> int:
@@ -691,11 +719,11 @@ def _sinkable(v, producer: dict, seen: list, outer: tuple = ()) -> bool:
   name = eqn.primitive.name
   if name in _EXPANDING:
     return True
-  if name in ("jit", "pjit", "closed_call") and fusible(eqn):
+  if name in ("jit", "pjit", "closed_call"):  # inlined: its own producers
     body = _subjaxprs(eqn)[0]
     inner = {w: e for e in body.eqns for w in e.outvars}
     call = (dict(zip(body.invars, eqn.invars)), producer, outer)
-    return all(_sinkable(w, inner, seen, call) for w in body.outvars)
+    return _sinkable(body.outvars[eqn.outvars.index(v)], inner, seen, call)
   if elementwise(eqn) or is_view(eqn):
     return all(_sinkable(u, producer, seen, outer) for u in eqn.invars)
   return False
@@ -1066,6 +1094,37 @@ def stream_offloaded_update(jaxpr, gpu: bool = False) -> tuple[object, dict]:
   position = {i: n for n, i in enumerate(order)}
   return (jaxpr.replace(eqns=[eqns[i] for i in order]),
           {position[i]: vs for i, vs in held.items()})
+
+
+def prefetch_host_weights(jaxpr):
+  """`jaxpr` with each weight fetched from host memory for a matmul (a
+  batch-free value, --offload=params), and what is made from it, the
+  jaxpr's batch-free inputs and literals alone (its gather and
+  dequantization), moved to the jaxpr's start (the prefetched-host-weights
+  rule)."""
+  eqns = list(jaxpr.eqns)
+  given = {v for v in (*jaxpr.invars, *jaxpr.constvars)
+           if not carries_batch(v.aval.shape)}
+  made: set = set()
+  moved: list = []
+  for i, e in enumerate(eqns):
+    ins = [v for v in e.invars if isinstance(v, jcore.Var)]
+    seed = (fetches_host_value(e)
+            and not any(carries_batch(v.aval.shape) for v in e.outvars))
+    if (seed or (ins and any(v in made for v in ins)
+                 and all(v in made or v in given for v in ins)
+                 and not any(True for _ in subjaxprs(e))
+                 and not any(carries_batch(v.aval.shape)
+                             for v in e.outvars))):
+      moved.append(i)
+      made.update(e.outvars)
+  for_matmul = {v for e in eqns if e.primitive.name == "dot_general"
+                for v in e.invars}
+  if not moved or not made & for_matmul:
+    return jaxpr
+  first = set(moved)
+  return jaxpr.replace(eqns=[eqns[i] for i in moved]
+                       + [e for i, e in enumerate(eqns) if i not in first])
 
 
 def hoist_dequantized_state(jaxpr):
