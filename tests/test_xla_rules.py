@@ -11,10 +11,11 @@ from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models import scopes
 from models.registry import load_model
-from simulator.tracing.batch_probe import PROBE
+from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator import memory
 from simulator.memory import liveness, xla_rules
 from simulator.settings import TrainSettings
+from simulator.tracing.program import subjaxprs
 from simulator.tracing.trace import made_by_backward, trace_probe
 
 
@@ -697,11 +698,10 @@ def test_a_value_one_matmul_alone_reads_is_taken_into_it():
   """The into-matmuls rule's sole-reader part: the flash forward's bf16 p,
   made from the wider f32 scores and read by the p·V matmul alone, is no
   buffer (on a TPU); read by two matmuls, as the backward's ds, it is."""
-  def fn(s_BxT, v_TxH, k_TxH):
+  def fn(s_BxT, v_TxH):
     p = jnp.exp(s_BxT - s_BxT.max(-1, keepdims=True)).astype(jnp.bfloat16)
     return p @ v_TxH, p
   j = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((PROBE, 64), jnp.float32),
-                         jax.ShapeDtypeStruct((64, 8), jnp.bfloat16),
                          jax.ShapeDtypeStruct((64, 8), jnp.bfloat16)).jaxpr
   cast = next(e for e in j.eqns if e.primitive.name == "convert_element_type")
   dot = _eqn(j, "dot_general")
@@ -718,7 +718,6 @@ def test_weights_in_host_memory_are_prefetched_at_the_loop_body_start():
   loop's body every weight fetched from host memory, with its gather and
   cast, comes before anything that carries the batch; the equations are
   the same ones."""
-  from simulator.tracing.program import subjaxprs
   j = _offload_jaxpr("params")
   body = next(b for e in j.eqns if e.primitive.name == "scan"
               for _, b in subjaxprs(e)
@@ -728,7 +727,6 @@ def test_weights_in_host_memory_are_prefetched_at_the_loop_body_start():
   assert sorted(map(id, moved.eqns)) == sorted(map(id, body.eqns))
   fetches = [i for i, e in enumerate(moved.eqns)
              if xla_rules.fetches_host_value(e)]
-  from simulator.tracing.batch_probe import carries_batch
   batch = [i for i, e in enumerate(moved.eqns)
            if any(carries_batch(v.aval.shape) for v in e.outvars)]
   assert fetches and max(fetches) < min(batch)

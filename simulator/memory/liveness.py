@@ -129,9 +129,9 @@ class _Plan:
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           stacks: dict, held: dict | None = None, gpu: bool = False,
           sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False,
-          apart: bool = False, sole_matmul_in: bool | None = None) -> _Plan:
-  # sole_matmul_in (xla_rules.fused_away; None: off a GPU, as XLA:GPU makes
-  # a GEMM's operand in a loop fusion of its own)
+          apart: bool = False, sole_matmul_in: bool = False) -> _Plan:
+  # sole_matmul_in: xla_rules.fused_away's (off a GPU: XLA:GPU makes a
+  # GEMM's operand in a loop fusion of its own)
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -184,8 +184,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
               v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
-                  v in chained, chain_producers,
-                  not gpu if sole_matmul_in is None else sole_matmul_in)))
+                  v in chained, chain_producers, sole_matmul_in)))
       if fused or v in in_place:
         size[v] = (0, 0)
         end = last.get(v, i)
@@ -305,7 +304,8 @@ class _Simulation:
       self.hoisted |= hoisted
       plan = _plan(jaxpr, local, in_place_out, self.hoisted, stacks, held,
                    self.gpu, self.sms if self.gpu else None,
-                   key[0] in self.looped, order == "cublas")
+                   key[0] in self.looped, order == "cublas",
+                   sole_matmul_in=not self.gpu)
       if key[0] == self.top and order == "memory":
         plan.stacks.update(xla_gpu_rules.early_loop_outputs(plan.jaxpr,
                                                             plan.size))
@@ -451,8 +451,7 @@ def hbm_traffic(jaxpr, local: bool = False, in_loop: bool = False
   # into-matmuls rule would take every layer's bf16 weight cast into its
   # matmul, where XLA makes the cast stack once, outside the loop: each
   # cast stays a fusion of its own, as before that part was read.
-  plan = _plan(jaxpr, local, (), set(), {}, in_loop=in_loop,
-               sole_matmul_in=False)
+  plan = _plan(jaxpr, local, (), set(), {}, in_loop=in_loop)
   producer = {v: e for e in jaxpr.eqns for v in e.outvars}
 
   from_matmul: dict = {}  # value -> whether it is made in a matmul's fusion

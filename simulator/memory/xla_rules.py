@@ -46,8 +46,8 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   buffer (broadcast_divide_fusion.2) and the f32 acc dies
                   there (while.330{3}); a value one matmul alone reads,
                   with no view between, is taken into it whatever its
-                  chain reads: the flash
-                  forward's bf16 p, exp(s - m) cast for p·V, is no buffer
+                  chain reads: the flash forward's bf16 p, exp(s - m)
+                  cast for p·V, is no buffer
                   at the flash-forward peaks of #121 (the f32 scores live
                   at fusion.467 and nothing of p's size) and llama2_7b
                   v5p-8 4x1 QLoRA nf4 --offload=params (#70, fusion.1387);
@@ -1097,11 +1097,12 @@ def stream_offloaded_update(jaxpr, gpu: bool = False) -> tuple[object, dict]:
 
 
 def prefetch_host_weights(jaxpr):
-  """`jaxpr` with each weight fetched from host memory for a matmul (a
-  batch-free value, --offload=params), and what is made from it, the
-  jaxpr's batch-free inputs and literals alone (its gather and
-  dequantization), moved to the jaxpr's start (the prefetched-host-weights
-  rule)."""
+  """`jaxpr` with each batch-free value fetched from host memory (the
+  weights under --offload=params), and what is made from it, the jaxpr's
+  batch-free inputs and literals alone (its gather and dequantization),
+  moved to the jaxpr's start where one of them feeds a matmul here (the
+  prefetched-host-weights rule; the matmuls of calls made here read the
+  others)."""
   eqns = list(jaxpr.eqns)
   given = {v for v in (*jaxpr.invars, *jaxpr.constvars)
            if not carries_batch(v.aval.shape)}
