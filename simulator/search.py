@@ -322,6 +322,8 @@ class Sweep:
 
   def evaluate_one(self, c: Config) -> dict[str, Any]:
     """The config's record: from the cache, or evaluated (and kept)."""
+    if not self.cache.directory:  # no cache: no key to hash
+      return self._evaluate(c)
     key = self.cache_key(c, "record")
     record = self.cache.get("records", key)
     if record is None:

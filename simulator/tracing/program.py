@@ -25,8 +25,9 @@ the outermost scan (e.g. "blocks"), or "top" outside every scan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 from jax.extend import core as jcore
@@ -169,19 +170,24 @@ def _exps(spec) -> tuple[int, int]:
   return flat.count("X"), flat.count("Y")
 
 
-def subjaxprs(eqn):
+def subjaxprs(eqn) -> Iterator[tuple[str, jcore.Jaxpr]]:
   """(param name, jaxpr) for every jaxpr an equation carries."""
+  return iter(_subjaxprs(eqn))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _subjaxprs(eqn) -> tuple[tuple[str, jcore.Jaxpr], ...]:
+  """subjaxprs, once per equation: the memory rules ask each equation of a
+  program tens of times. Equations hash by identity, and the cache holds
+  the ones it keys, so no other equation can take their id."""
+  out = []
   for key, value in eqn.params.items():
-    if isinstance(value, jcore.ClosedJaxpr):
-      yield key, value.jaxpr
-    elif isinstance(value, jcore.Jaxpr):
-      yield key, value
-    elif isinstance(value, (tuple, list)):
-      for v in value:
-        if isinstance(v, jcore.ClosedJaxpr):
-          yield key, v.jaxpr
-        elif isinstance(v, jcore.Jaxpr):
-          yield key, v
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(v, jcore.ClosedJaxpr):
+        out.append((key, v.jaxpr))
+      elif isinstance(v, jcore.Jaxpr):
+        out.append((key, v))
+  return tuple(out)
 
 
 def _mesh_sizes(closed) -> dict[str, int]:
@@ -216,6 +222,30 @@ def _critical(jaxpr, carry_out: int) -> set:
     if e is not None:
       stack += [i for i in e.invars if isvar(i)]
   return critical
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _named(name_stack) -> tuple[bool, bool, str]:
+  """Whether a name stack is in a transpose (the backward pass) and in a
+  jvp, and its scopes' path: once per name stack (they hash by value)."""
+  ns = str(name_stack)
+  return "transpose(" in ns, "jvp(" in ns, "/".join(scopes_of(ns))
+
+
+def _where(ctx: dict, name_stack) -> tuple[dict, str]:
+  """The context (phase, layer) of an equation made under `name_stack` in
+  a jaxpr walked under `ctx`, and its source path ("" when it has none)."""
+  transposed, jvp, stripped = _named(name_stack)
+  phase = ctx["phase"]
+  if transposed:
+    phase = "backward"
+  elif jvp and phase == "optimizer":
+    phase = "forward"
+  layer = ctx["layer"]
+  if layer is None and ctx["depth"] > 0:
+    layer = stripped.split("/")[0] or "scan"
+  return (dict(ctx, phase=phase, layer=layer or "top"),
+          "/".join(p for p in (ctx["prefix"], stripped) if p))
 
 
 class _Walker:
@@ -277,20 +307,17 @@ class _Walker:
 
     critical = _critical(jaxpr, carry_out) if self.record else set()
     gathered: set = set()
+    where: dict = {}  # name stack -> _where: the equations share a few
     for index, eqn in enumerate(jaxpr.eqns):
       name = eqn.primitive.name
-      ns = str(eqn.source_info.name_stack)
-      phase = ctx["phase"]
-      if "transpose(" in ns:
-        phase = "backward"
-      elif "jvp(" in ns and phase == "optimizer":
-        phase = "forward"
-      stripped = "/".join(scopes_of(ns))
-      layer = ctx["layer"]
-      if layer is None and ctx["depth"] > 0:
-        layer = stripped.split("/")[0] or "scan"
-      ectx = dict(ctx, phase=phase, layer=layer or "top")
-      source = "/".join(p for p in (ctx["prefix"], stripped) if p) or name
+      if self.record:
+        ns = eqn.source_info.name_stack
+        if ns not in where:
+          where[ns] = _where(ctx, ns)
+        ectx, source = where[ns]
+        source = source or name
+      else:  # a carry fixpoint's walk: it records nothing, so names nothing
+        ectx, source = ctx, name
       in_data = [get(v) for v in eqn.invars]
       any_data = any(in_data)
       out_critical = any(o in critical for o in eqn.outvars)

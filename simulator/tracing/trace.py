@@ -18,6 +18,7 @@ saved itself (a bias add: XLA's output fusion).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 from jax.extend import core as jcore
@@ -79,10 +80,19 @@ def layout_of(aval) -> tuple:
   one layout are the same buffer and a reshard between them moves nothing
   (XLA partitions for one device: at mesh 1x1 none of the FSDP gathers of
   a GPU corpus row (#21-#30) is a buffer in XLA's assignment)."""
-  sizes = dict(getattr(getattr(getattr(aval, "sharding", None), "mesh",
-                               None), "shape", {}) or {})
+  return _layout(len(aval.shape), getattr(aval, "sharding", None))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout(ndim: int, sharding) -> tuple:
+  """layout_of of an aval of `ndim` dims and `sharding`, memoized: the
+  memory rules ask tens of thousands of times per sweep, for a few dozen
+  shardings (equal shardings name the same axes of the same mesh)."""
+  spec = tuple(getattr(sharding, "spec", ()))
+  spec += (None,) * (ndim - len(spec))
+  sizes = dict(getattr(getattr(sharding, "mesh", None), "shape", {}) or {})
   return tuple(tuple(a for a in mesh_class.entry_axes(e)
-                     if sizes.get(a, 1) > 1) for e in spec_of(aval))
+                     if sizes.get(a, 1) > 1) for e in spec)
 
 
 def fusible(eqn) -> bool:
