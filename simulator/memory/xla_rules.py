@@ -261,14 +261,34 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   XLA's peak at 967 in it), with the output projection's
                   gradient deferred too (convolution_bitcast_fusion.11 at
                   1133).
-                  XLA's latency-hiding scheduler weighs
-                  memory only against its limit (OpenXLA's
-                  kMemoryPeakOverLimit), 95% of HBM here
-                  (--xla_tpu_scheduler_percent_shared_memory_limit=95 in the
-                  dumped flagfile), far above these steps; which order its
-                  cost model picks is not derived here, so the simulation
-                  runs the step both ways (liveness.simulate: deferred, and
-                  in the traced order) and keeps the larger peak (the T5
+                  Which order XLA runs is the choice of its memory
+                  scheduler (--xla_memory_scheduler=default in the dumped
+                  flagfile; OpenXLA's DefaultMemoryScheduler), which makes a
+                  list, a DFS and a post-order schedule and keeps the one
+                  its own heap simulation finds smallest, before fusion's
+                  later passes; the latency-hiding scheduler keeps it:
+                  gpt2 v5p-8 1x4 b8 dots adafactor (#2) and mixtral_mini
+                  v5p-8 4x1 b16 (#75) compile to the same peak with
+                  --xla_tpu_enable_latency_hiding_scheduler=false, and #2
+                  to the same with its memory limit at 1% or with memory-
+                  pressure tracking off. Forced by
+                  LIBTPU_INIT_ARGS=--xla_memory_scheduler=..., #75's
+                  default peak is the DFS schedule's (2845435584 bytes,
+                  the output projection's gradient first; the traced
+                  order's simulation +0.56%) and its post-order schedule
+                  holds the logits gradient through the layers' backward
+                  (3716463296 bytes; the deferred order's simulation
+                  +1.07%); #2's default is the post-order schedule
+                  (713492320, deferred; DFS 713502048), though the list
+                  schedule's compiled peak is smaller (707332960): the
+                  choice is made on XLA's figures for the unfused program,
+                  not on the final peak, so the smaller simulated order is
+                  not always XLA's. Emulating the DFS scheduler's operand
+                  order (transitive fan-out, then transitive bytes, both
+                  capped, then instruction names) on the HLO is not done
+                  here, so the simulation runs the step both ways
+                  (liveness.simulate: deferred, and in the traced order)
+                  and keeps the larger peak (the T5
                   step t5-v1_1-small v5p-16 8x1, whose traced order holds
                   more: -6.6% with the deferred order alone, -1.5% with
                   both); near that limit see rematerialized logits;
@@ -293,7 +313,11 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   recomputed from the final hidden state and the gathered
                   output weight after the loop, and XLA's peak is 79.14
                   and 81.97 GiB where the deferred order would hold about
-                  90.1 and 93.7 (the traced order's simulation: +0.6%).
+                  90.1 and 93.7 (the traced order's simulation: +0.6%);
+                  with the limit lifted
+                  (--xla_jf_rematerialization_percent_shared_memory_limit=
+                  10000) the b736 compile holds the deferred order, 90.07
+                  GiB (96707626656 bytes; the deferred simulation +1.85%).
                   So the deferred order is dropped where its peak is over
                   the limit and the traced order's is not (both over: the
                   larger is kept, see b896 below). Only for a loss made by
