@@ -27,6 +27,7 @@ evaluated at each batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Iterable
 
@@ -535,19 +536,27 @@ class Points:
         out[s.label] = out.get(s.label, 0) + extra
     return out
 
+  @functools.cached_property
+  def _schedules(self) -> tuple[tuple[str, ...], np.ndarray]:
+    """The schedules simulated, and each point's index into them (the
+    sweep asks for every schedule's peak at many batches)."""
+    names = tuple(dict.fromkeys(self.order))
+    return names, np.array([names.index(o) for o in self.order],
+                           dtype=np.int64)
+
   def _of(self, orders: Iterable[str] | None) -> np.ndarray:
     """Which points belong to the schedules `orders` (None: all)."""
     if orders is None:
       return np.ones(len(self.where), dtype=bool)
-    return np.isin(np.array(self.order, dtype=object), list(orders))
+    names, index = self._schedules
+    return np.isin(index, [names.index(o) for o in orders if o in names])
 
   def order_peaks(self, num: int, den: int) -> dict[str, int]:
     """{schedule: its largest point's bytes} at batch scale num/den."""
-    values = self.at(num, den)
-    out: dict[str, int] = {}
-    for o, v in zip(self.order, values):
-      out[o] = max(out.get(o, int(v)), int(v))
-    return out
+    names, index = self._schedules
+    peaks = np.full(len(names), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(peaks, index, self.at(num, den))
+    return {o: int(p) for o, p in zip(names, peaks)}
 
   def peak_at(self, num: int, den: int,
               orders: Iterable[str] | None = None) -> tuple[int, int]:

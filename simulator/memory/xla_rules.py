@@ -658,10 +658,13 @@ def _narrowed(eqn, readers) -> bool:
              for c in readers(eqn.outvars[0]))
 
 
+@functools.lru_cache(maxsize=1 << 10)
 def _chain_ends(jaxpr, in_loop: bool) -> frozenset:
   """The outputs of a call's body made inside a matmul's output fusion,
   which goes on into what the caller does with them (the narrowed-weight-
-  gradients rule, across a checkpoint's boundary)."""
+  gradients rule, across a checkpoint's boundary). Once per body: every
+  schedule of the step plans its callers again (jaxprs hash by identity,
+  and the cache holds the ones it keys, so no other body takes their id)."""
   consumers: dict = {}
   for e in jaxpr.eqns:
     for u in e.invars:
