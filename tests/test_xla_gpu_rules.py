@@ -552,32 +552,6 @@ def test_the_cublas_logits_schedule_covers_the_real_h100_peaks():
       assert deviceless < real / 1.4, config
 
 
-@functools.lru_cache(None)
-def _accumulated(topology: str, grad_accum: int):
-  plan = plan_mesh(parse_topology(topology), 8, 1)
-  settings = TrainSettings(batch=64, seq=128, grad_accum=grad_accum)
-  traced = trace_probe(load_model("tiny"), settings, abstract_mesh(plan))
-  return memory.estimate_memory(traced, plan).at_batch(64)
-
-
-def test_two_micro_batches_interleave_on_a_gpu():
-  """The interleaved-micro-batches rule: with two micro-batches the
-  accumulation loop has one iteration, which XLA:GPU inlines beside the
-  first micro-batch; at each point of it the other micro-batch's transient
-  is counted again. Not with four micro-batches (the loop stays), nor on a
-  TPU."""
-  def other(estimate):
-    return sum(c.bytes for c in estimate.peak_buffers
-               if "other micro-batch" in c.name)
-  two = _accumulated("h100:8", 2)
-  assert scopes.ACCUMULATION in two.peak_where
-  extra = other(two)
-  transient = two.compiled_comparable_peak - two.arguments_bytes
-  assert 0 < extra and 2 * extra <= transient + 1
-  assert other(_accumulated("h100:8", 4)) == 0
-  assert other(_accumulated("v5p-16", 2)) == 0
-
-
 def _offloaded_moments(gpu: bool):
   plan = plan_mesh(parse_topology("h100:8" if gpu else "v5p-16"), 8, 1)
   return trace_probe(load_model("tiny"), TrainSettings(

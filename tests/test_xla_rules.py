@@ -1,5 +1,6 @@
 """simulator.memory.xla_rules: each rule on a program made to show it."""
 
+import functools
 import math
 
 import jax
@@ -733,3 +734,29 @@ def test_weights_in_host_memory_are_prefetched_at_the_loop_body_start():
   plain = _offload_jaxpr()
   assert all(xla_rules.prefetch_host_weights(b) is b
              for e in plain.eqns for _, b in subjaxprs(e))
+
+
+@functools.lru_cache(None)
+def _accumulated(topology: str, grad_accum: int):
+  plan = plan_mesh(parse_topology(topology), 8, 1)
+  settings = TrainSettings(batch=64, seq=128, grad_accum=grad_accum)
+  traced = trace_probe(load_model("tiny"), settings, abstract_mesh(plan))
+  return memory.estimate_memory(traced, plan).at_batch(64)
+
+
+@pytest.mark.parametrize("topology", ["h100:8", "v5p-16"])
+def test_two_micro_batches_interleave(topology):
+  """The interleaved-micro-batches rule: with two micro-batches the
+  accumulation loop has one iteration, which XLA inlines beside the first
+  micro-batch, on a GPU and on a TPU; at each point of it the other
+  micro-batch's transient is counted again. Not with four micro-batches
+  (the loop stays)."""
+  def other(estimate):
+    return sum(c.bytes for c in estimate.peak_buffers
+               if "other micro-batch" in c.name)
+  two = _accumulated(topology, 2)
+  assert scopes.ACCUMULATION in two.peak_where
+  extra = other(two)
+  transient = two.compiled_comparable_peak - two.arguments_bytes
+  assert 0 < extra and 2 * extra <= transient + 1
+  assert other(_accumulated(topology, 4)) == 0

@@ -368,18 +368,18 @@ class _Simulation:
       if calls and (id(jaxpr) in self.looped or xla_rules.is_loop(eqn)):
         self.looped.update(id(sub) for sub, _, _ in calls)
       if calls and self.gpu and (
-          xla_gpu_rules.accumulation_loop(eqn) or (
+          xla_rules.accumulation_loop(eqn) or (
               id(jaxpr) in self.micro_batch and not xla_rules.is_loop(eqn))):
         self.micro_batch.update(id(sub) for sub, _, _ in calls)
       for k, (sub, sub_local, in_place) in enumerate(calls):
         inner += [(f, l, w, (k, *path), s) for f, l, w, path, s in
                   self.transient(sub, sub_local, in_place)]
       where = _where(eqn)
-      twice = self.gpu and xla_gpu_rules.interleaved_micro_batches(
-          eqn, id(jaxpr) == self.top)
+      twice = xla_rules.interleaved_micro_batches(eqn,
+                                                  id(jaxpr) == self.top)
       if inner:
         points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path),
-                    (*s, xla_gpu_rules.InterleavedMicroBatch((f, l), s))
+                    (*s, xla_rules.InterleavedMicroBatch((f, l), s))
                     if twice else s)
                    for f, l, w, path, s in _prune(inner)]
       else:

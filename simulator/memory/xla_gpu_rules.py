@@ -291,30 +291,6 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   #65 +30.53% -> +1.83%. Read off the moments; no GPU row
                   offloads parameters, whose forward casts the rule would
                   read in host memory too.
-  interleaved     the step runs the first micro-batch of a gradient
-  micro-batches   accumulation on its own and the others in a loop
-                  (simulator.step, scope models.scopes.ACCUMULATION); with
-                  two micro-batches that loop has one iteration, XLA:GPU
-                  inlines it, and the latency-hiding scheduler interleaves
-                  the two independent micro-batches' work: in gpt2 h100:8
-                  8x1 b32 grad_accum=2 (#70) both micro-batches' f32 logits
-                  gradients (f32[2,1024,50257] .../loss/add_any, twice, and
-                  their padded f32[2048,50272] copies) are live at XLA's peak
-                  (loop_pad_fusion.1); in llama2_13b h100:4x8 16x2 b32
-                  grad_accum=2 (#63) both residual stacks (bf16[40,1,4096,
-                  2560] from jvp(Decoder)/layers/while and from
-                  while/body/closed_call/jvp(Decoder)/layers/while), the
-                  optimized module's ENTRY holding both forward loops
-                  (while.500, while.498) before both backward ones. How the
-                  two line up is not derived, so the bound is taken: at each
-                  point of the loop's micro-batch its transient is counted
-                  twice (`InterleavedMicroBatch`), the other micro-batch's
-                  work at the same point, its split-K bytes included (#70
-                  -45.18% -> +8.49%, #63 -12.56% -> +12.15% with the micro-
-                  batch scatter fill below: an over-estimate where XLA does
-                  not line the two up). With three or
-                  more micro-batches the loop stays a loop and runs after
-                  the first (#56, grad_accum=4: -0.50%).
 """
 
 from __future__ import annotations
@@ -699,37 +675,6 @@ class SplitMatmul:
     held = pads - sum(dying)
     return max(held + max(dying, default=0), held + partials,
                partials + at(self.result)) - at(self.result)
-
-
-@dataclasses.dataclass(frozen=True)
-class InterleavedMicroBatch:
-  """The interleaved-micro-batches rule at one point of the accumulation
-  loop's micro-batch: the other micro-batch's transient there counted
-  again, its bytes (fixed, linear at the traced batch) and what the other
-  GPU rules add at that point (`splits`: its split-K partials)."""
-
-  transient: tuple[int, int]
-  splits: tuple = ()
-  label = "the other micro-batch's work at the same point (interleaved)"
-
-  def extra(self, num: int, den: int) -> int:
-    f, l = self.transient
-    return (f + l // den * num + l % den * num // den
-            + sum(s.extra(num, den) for s in self.splits))
-
-
-def accumulation_loop(eqn) -> bool:
-  """Whether `eqn` is the step's gradient-accumulation loop (the scan over
-  the micro-batches after the first, scope models.scopes.ACCUMULATION)."""
-  return (eqn.primitive.name == "scan" and scopes.ACCUMULATION
-          in scopes.scopes_of(eqn.source_info.name_stack))
-
-
-def interleaved_micro_batches(eqn, top: bool) -> bool:
-  """Whether the top-level `eqn` is an accumulation loop of one iteration,
-  which XLA:GPU inlines beside the first micro-batch (the interleaved-
-  micro-batches rule)."""
-  return top and accumulation_loop(eqn) and eqn.params.get("length") == 1
 
 
 def _bits_before_casts(v, producer: dict) -> int:

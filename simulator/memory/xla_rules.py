@@ -389,11 +389,47 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   1.2 points
                   (#94 llama2_13b v5p-32 16x1 b736 +0.60% -> +1.74%, #82
                   llava_mini 4x1 +22.61% -> +21.77%) and five GPU rows by
-                  at most 0.4.
+                  at most 0.4;
+  interleaved     the step runs the first micro-batch of a gradient
+  micro-batches   accumulation on its own and the others in a loop
+                  (simulator.step, scope models.scopes.ACCUMULATION); with
+                  two micro-batches that loop has one iteration, XLA
+                  inlines it, and its scheduler interleaves the two
+                  independent micro-batches' work. On a GPU: in gpt2
+                  h100:8 8x1 b32 grad_accum=2 (GPU corpus #70) both
+                  micro-batches' f32 logits gradients (f32[2,1024,50257]
+                  .../loss/add_any, twice, and their padded
+                  f32[2048,50272] copies) are live at XLA's peak
+                  (loop_pad_fusion.1); in llama2_13b h100:4x8 16x2 b32
+                  grad_accum=2 (#63) both residual stacks (bf16[40,1,4096,
+                  2560] from jvp(Decoder)/layers/while and from
+                  while/body/closed_call/jvp(Decoder)/layers/while), the
+                  optimized module's ENTRY holding both forward loops
+                  (while.500, while.498) before both backward ones. On a
+                  TPU the same (found by held-out #129, llama3_8b v5p-64
+                  16x2 b256 s4096 dots grad_accum=2, out of HBM at 107.00G
+                  of temporaries where the simulation held 58.4 GiB in
+                  all): gpt2 v5p-8 4x1 b32 s1024 dots grad_accum=2 holds
+                  both micro-batches' f32[4,1024,50257] logits (.../loss/
+                  bsd,dv->bsv/dot_general, from jit(step)/jvp(Decoder) and
+                  from grad_accumulation/while/body/closed_call) and both
+                  residual stacks bf16[12,4,1024,3072] at its peak
+                  (fusion.942; -36.70% without the rule). How the two line
+                  up is not derived, so the bound is taken: at each point
+                  of the loop's micro-batch its transient is counted twice
+                  (`InterleavedMicroBatch`), the other micro-batch's work
+                  at the same point, its split-K bytes included on a GPU
+                  (GPU #70 -45.18% -> +8.49%, #63 -12.56% -> +12.15% with
+                  the micro-batch scatter fill (xla_gpu_rules): an
+                  over-estimate where XLA does not line the two up). With
+                  three or more micro-batches the loop stays a loop and
+                  runs after the first (GPU #56 and TPU #64,
+                  grad_accum=4: -0.50%, +1.13%).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -440,6 +476,37 @@ def rules() -> list[tuple[str, str]]:
       prev_name, prev_text = out[-1]
       out[-1] = (f"{prev_name} {name}".strip(), f"{prev_text} {text}".strip())
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class InterleavedMicroBatch:
+  """The interleaved-micro-batches rule at one point of the accumulation
+  loop's micro-batch: the other micro-batch's transient there counted
+  again, its bytes (fixed, linear at the traced batch) and what the GPU
+  rules add at that point (`splits`: its split-K partials)."""
+
+  transient: tuple[int, int]
+  splits: tuple = ()
+  label = "the other micro-batch's work at the same point (interleaved)"
+
+  def extra(self, num: int, den: int) -> int:
+    f, l = self.transient
+    return (f + l // den * num + l % den * num // den
+            + sum(s.extra(num, den) for s in self.splits))
+
+
+def accumulation_loop(eqn) -> bool:
+  """Whether `eqn` is the step's gradient-accumulation loop (the scan over
+  the micro-batches after the first, scope models.scopes.ACCUMULATION)."""
+  return (eqn.primitive.name == "scan" and scopes.ACCUMULATION
+          in scopes.scopes_of(eqn.source_info.name_stack))
+
+
+def interleaved_micro_batches(eqn, top: bool) -> bool:
+  """Whether the top-level `eqn` is an accumulation loop of one iteration,
+  which XLA inlines beside the first micro-batch (the interleaved-
+  micro-batches rule)."""
+  return top and accumulation_loop(eqn) and eqn.params.get("length") == 1
 
 
 def on_host(aval) -> bool:
