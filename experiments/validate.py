@@ -202,6 +202,10 @@ def main(argv):
         "model": FLAGS.model, "topology": FLAGS.topology, "mesh": f"{x}x{y}",
         **vars_of(settings)}, "oom": oom}))
     return
+  if settings.schedule == "1f1b":
+    print("note: --schedule=1f1b: XLA compiles the traced GPipe program, so "
+          "the symbolic figures below are that program's (without the 1F1B "
+          "rule; `memory_report` gives the 1F1B estimate)", file=sys.stderr)
   if FLAGS.format == "json":
     print(json.dumps(result, indent=1, default=str))
   else:

@@ -37,3 +37,19 @@ def test_one_f_one_b_keeps_k_micro_batches_of_stage_activations():
           < 0.5 * gpipe.at_peak["activations"])
   assert sum(one_f.at_peak.values()) == pytest.approx(
       one_f.compiled_comparable_peak, rel=1e-6)
+
+
+def test_a_compile_is_checked_against_the_traced_gpipe_program():
+  """XLA compiles the traced GPipe program, so a 1F1B config is checked
+  against that program's figures (simulator.xla.crosscheck), not the rule's
+  (#131: all nine iterations' stage activations at XLA's peak)."""
+  from simulator.xla import crosscheck
+  settings = lambda sched: TrainSettings(batch=16, seq=256, pp=4,
+                                         microbatches=8, remat="none",
+                                         schedule=sched)
+  checked = crosscheck._symbolic(TINY4, settings("1f1b"), "v5p-8", 1, 1)[0]
+  gpipe = crosscheck._symbolic(TINY4, settings("gpipe"), "v5p-8", 1, 1)[0]
+  one_f = memory.memory_report(TINY4, settings("1f1b"), plan_mesh(
+      parse_topology("v5p-8"), 1, 1, P=4))
+  assert checked.compiled_comparable_peak == gpipe.compiled_comparable_peak
+  assert one_f.compiled_comparable_peak < checked.compiled_comparable_peak

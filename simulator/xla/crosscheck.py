@@ -23,9 +23,15 @@ from simulator.tracing.trace import trace
 def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
               y: int):
   """The memory estimate and the traced program (its collectives and
-  matmuls) at the config's own batch."""
+  matmuls) at the config's own batch. Under `--schedule=1f1b` the estimate
+  is the traced GPipe program's: that is the program XLA compiles, and the
+  1F1B rule (simulator.memory.schedule) says what a 1F1B runtime would hold
+  instead, which no compile shows (llama2_7b v5p-32 4x2 pp=2 b256 M=8, #131:
+  XLA holds all nine iterations' stage activations, bf16[9,16,1,8,2048,2048],
+  where the rule keeps two)."""
   plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp)
-  estimate = memory.memory_report(cfg, settings, plan)
+  estimate = memory.memory_report(
+      cfg, dataclasses.replace(settings, schedule="gpipe"), plan)
   return estimate, read_traced(trace(cfg, settings, abstract_mesh(plan)))
 
 
