@@ -58,6 +58,42 @@ def test_parse_collectives_axes_bytes_and_trip_counts():
   assert summary["all-gather@Y"]["out_bytes"] == 3 * 64
 
 
+MULTI_STEP = textwrap.dedent("""\
+    HloModule m
+
+    %start (param_0: bf16[112,64]) -> bf16[896,64] {
+      %param_0 = bf16[112,64]{1,0} parameter(0)
+      ROOT %all-gather.1 = bf16[896,64]{1,0} all-gather(%param_0), channel_id=54, replica_groups=[1,8]<=[8], dimensions={0}, use_global_device_ids=true
+    }
+
+    %update (param_0.1: bf16[112,64]) -> bf16[896,64] {
+      %param_0.1 = bf16[112,64]{1,0} parameter(0)
+      ROOT %all-gather.2 = bf16[896,64]{1,0} all-gather(%param_0.1), channel_id=54, replica_groups=[1,8]<=[8], dimensions={0}, use_global_device_ids=true
+    }
+
+    %other (param_0.2: bf16[112,64]) -> bf16[896,64] {
+      %param_0.2 = bf16[112,64]{1,0} parameter(0)
+      ROOT %all-gather.3 = bf16[896,64]{1,0} all-gather(%param_0.2), channel_id=55, replica_groups=[1,8]<=[8], dimensions={0}, use_global_device_ids=true
+    }
+
+    ENTRY %main (a: bf16[112,64]) -> bf16[896,64] {
+      %a = bf16[112,64]{1,0} parameter(0)
+      %s = bf16[896,64]{1,0} fusion(%a), kind=kCustom, calls=%start
+      %u = bf16[896,64]{1,0} fusion(%a), kind=kCustom, calls=%update
+      ROOT %o = bf16[896,64]{1,0} fusion(%a), kind=kCustom, calls=%other
+    }
+    """)
+
+
+def test_a_multi_step_collective_fusion_is_one_collective():
+  """libtpu's multi-step async collective fusion copies one all-gather, its
+  channel_id kept, into each of its steps' fusions (v5e, #128): the data
+  moves once. Another channel is another collective."""
+  colls, _ = H.parse_collectives(MULTI_STEP, (8, 1))
+  assert sorted(c.name for c in colls) == ["all-gather.1", "all-gather.3"]
+  assert H.summarize(colls)["all-gather@X"]["out_bytes"] == 2 * 896 * 64 * 2
+
+
 def test_shape_bytes():
   assert H.shape_bytes("(bf16[2,3]{1,0}, f32[4]{0}, s32[])") == 12 + 16 + 4
 
