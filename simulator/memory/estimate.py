@@ -433,7 +433,7 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
                                                 traced_batch),
                             buf.dtype, b, category))
   for what, extra in points.extras(index, batch, traced_batch).items():
-    at_peak["temporaries"] += extra  # the GPU rules' bytes there, net
+    at_peak["temporaries"] += extra  # the point-wise rules' bytes there, net
     live.append(Contributor(f"{points.where[index]}: {what}", (), "float32",
                             extra, "temporaries"))
   comparable = arguments + transient

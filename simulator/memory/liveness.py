@@ -496,8 +496,8 @@ class Points:
   part: np.ndarray  # each point's index into `parts`
   parts: tuple[str, ...]  # the step's parts: top-level pass and scope
   order: tuple[str, ...]  # per point: its schedule of weight gradients
-  # per point with any: what the GPU rules add there at each batch
-  # (xla_gpu_rules: split-K matmuls, the interleaved micro-batch)
+  # per point with any: what the rules add there at each batch (the
+  # split-K matmuls of xla_gpu_rules, xla_rules' interleaved micro-batch)
   splits: dict[int, tuple]
   _sim: _Simulation = dataclasses.field(repr=False, compare=False)
   _jaxpr: object = dataclasses.field(repr=False, compare=False)
@@ -509,7 +509,7 @@ class Points:
     """Every point's bytes at batch scale num/den: fixed + floor(linear *
     num / den), exact in int64 (linear at the probe batch times a large
     batch overflows it: llama2_70b b1024, 9.05e15 * 1024); with the
-    split-K rule's bytes at that batch where a matmul is split."""
+    point-wise rules' bytes at that batch (`split_bytes`)."""
     out = (self.fixed + self.linear // den * num
            + self.linear % den * num // den)
     for i, extra in self.split_bytes(num, den).items():
@@ -517,8 +517,9 @@ class Points:
     return out
 
   def split_bytes(self, num: int, den: int) -> dict[int, int]:
-    """{point: bytes the split-K rule adds there} at batch scale num/den
-    (the points where XLA splits a matmul at that batch)."""
+    """{point: bytes the point-wise rules add there} at batch scale num/den
+    (where XLA splits a matmul at that batch, and the other micro-batch's
+    work where two interleave)."""
     out = {}
     for i in self.splits:
       extra = sum(self.extras(i, num, den).values())
@@ -527,7 +528,7 @@ class Points:
     return out
 
   def extras(self, index: int, num: int, den: int) -> dict[str, int]:
-    """{what: bytes} the GPU rules add at point `index` at batch scale
+    """{what: bytes} the point-wise rules add at point `index` at batch scale
     num/den (`split_bytes`, by rule)."""
     out: dict[str, int] = {}
     for s in self.splits.get(index, ()):
