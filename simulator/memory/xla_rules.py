@@ -414,14 +414,22 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   bsd,dv->bsv/dot_general, from jit(step)/jvp(Decoder) and
                   from grad_accumulation/while/body/closed_call) and both
                   residual stacks bf16[12,4,1024,3072] at its peak
-                  (fusion.942; -36.70% without the rule). How the two line
-                  up is not derived, so the bound is taken: at each point
-                  of the loop's micro-batch its transient is counted twice
-                  (`InterleavedMicroBatch`), the other micro-batch's work
-                  at the same point, its split-K bytes included on a GPU
-                  (GPU #70 -45.18% -> +8.49%, #63 -12.56% -> +12.15% with
-                  the micro-batch scatter fill (xla_gpu_rules): an
-                  over-estimate where XLA does not line the two up). With
+                  (fusion.942; -36.70% without the rule); #129's step at
+                  half its batch (b128, #145, which fits) both residual
+                  stacks bf16[32,4,4096,7168] and both f32[4,4096,64128]
+                  logits at fusion.813 (+4.58% with the rule). How the two
+                  line up is not derived, so the bound is taken: at each
+                  point of the loop's micro-batch its transient is counted
+                  twice (`InterleavedMicroBatch`), the other micro-batch's
+                  work at the same point, its split-K bytes included on a
+                  GPU. (Counting only what the other micro-batch's forward
+                  leaves for its backward, the values forward equations
+                  make that backward ones read, is under XLA: #138
+                  -19.10%, #145 -5.39%, #129 -8.35% of the bytes it
+                  needed; the bound is loose where the working set is
+                  large beside the residuals: #140, full remat, +47.13%.)
+                  On GPUs: #70 -45.18% -> +8.49%, #63 -12.56% -> +12.15%
+                  with the micro-batch scatter fill (xla_gpu_rules). With
                   three or more micro-batches the loop stays a loop and
                   runs after the first (GPU #56 and TPU #64,
                   grad_accum=4: -0.50%, +1.13%).
