@@ -395,4 +395,23 @@ CASES: list[Case] = [
     # residuals only), which it refuted, so it is tuned on.
     Case("llama3_8b", "v5p-64", "16x2", 128, 4096, "dots", "adamw", T,
          grad_accum=2),
+    # Held out, compiled after the interleaved rule's evidence was
+    # written: two micro-batches with MQA on v5e, with a chunked loss, and
+    # in a vision-language model; four in T5; 70B over 8-way TP with names
+    # remat; zero1 with bf16 master weights on v6e; optimizer offload with
+    # names remat.
+    Case(GEMMA_2B, "v5e-16", "8x2", 64, 2048, "full", "adamw", C,
+         grad_accum=2),
+    Case("llama2_70b", "v5p-256", "16x8", 128, 4096, "names:qkv,mlp_hidden",
+         "adamw", C),
+    Case("t5_3b", "v5p-32", "8x2", 512, 512, "full", "adafactor", C,
+         target_seq=128, grad_accum=4),
+    Case(QWEN2_0_5B, "v6e-8", "8x1", 64, 2048, "dots", "adamw", C,
+         shard="zero1", precision="bf16_master"),
+    Case("mistral_7b", "v5p-32", "16x1", 64, 4096, "full", "adamw", C,
+         loss_chunks=8, grad_accum=2),
+    Case("llama3_8b", "v5p-32", "8x2", 64, 4096, "names:qkv,mlp_hidden",
+         "adamw", C, offload=("optimizer",)),
+    Case("llava_mini", "v5p-8", "2x2", 64, 768, "full", "adamw", C,
+         loss_chunks=4, grad_accum=2),
 ]
