@@ -18,7 +18,7 @@ frame names or tracebacks (which change with where packages are installed).
           routed tokens' share is model FLOPs (models.moe.active_fraction).
   ACCUMULATION the gradient-accumulation loop over the micro-batches after
           the first (simulator.step; the memory model's interleaved-micro-
-          batches rule, simulator.memory.xla_gpu_rules).
+          batches rule, simulator.memory.xla_rules).
 """
 
 from __future__ import annotations
@@ -42,3 +42,10 @@ def scopes_of(name_stack) -> tuple[str, ...]:
   program's equations share a few hundred name stacks (immutable, hashable)
   and the memory and timing readers ask for each one's scopes many times."""
   return tuple(p for p in _TRANSFORM.sub("", str(name_stack)).split("/") if p)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def in_backward(name_stack) -> bool:
+  """Traced by the backward pass: JAX's transpose names what it makes
+  'transpose(...)'. Cached as scopes_of is."""
+  return "transpose(" in str(name_stack)

@@ -34,7 +34,7 @@ from typing import Iterable
 import numpy as np
 from jax.extend import core as jcore
 
-from models.scopes import scopes_of
+from models.scopes import in_backward, scopes_of
 from simulator.memory import xla_gpu_rules, xla_rules
 from simulator.tracing import loops
 from simulator.tracing.batch_probe import carries_batch
@@ -91,7 +91,7 @@ def _prune(points: list[tuple]) -> list[tuple]:
 def _where(eqn) -> str:
   """'backward Decoder/layers: scan': the pass, the named scopes, the op."""
   stack = str(eqn.source_info.name_stack)
-  stage = ("backward " if "transpose(" in stack else
+  stage = ("backward " if in_backward(stack) else
            "forward " if "jvp(" in stack else "")
   where = "/".join(scopes_of(stack))
   return f"{stage}{where}: {eqn.primitive.name}" if where else (

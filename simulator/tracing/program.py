@@ -229,7 +229,8 @@ def _named(name_stack) -> tuple[bool, bool, str]:
   """Whether a name stack is in a transpose (the backward pass) and in a
   jvp, and its scopes' path: once per name stack (they hash by value)."""
   ns = str(name_stack)
-  return "transpose(" in ns, "jvp(" in ns, "/".join(scopes_of(ns))
+  return (scopes.in_backward(name_stack), "jvp(" in ns,
+          "/".join(scopes_of(ns)))
 
 
 def _where(ctx: dict, name_stack) -> tuple[dict, str]:

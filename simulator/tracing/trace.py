@@ -131,14 +131,7 @@ def read_inputs(jaxpr) -> list[bool]:
 
 def made_by_backward(eqn) -> bool:
   """Made by the backward pass: JAX's transpose names its equations so."""
-  return _in_transpose(eqn.source_info.name_stack)
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _in_transpose(name_stack) -> bool:
-  """Once per name stack (they hash by value): the memory rules ask of each
-  equation many times."""
-  return "transpose(" in str(name_stack)
+  return model_scopes.in_backward(eqn.source_info.name_stack)
 
 
 def saved_residuals(closed, arg_names: list[str]) -> tuple[Residual, ...]:
