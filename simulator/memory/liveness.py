@@ -375,12 +375,14 @@ class _Simulation:
         inner += [(f, l, w, (k, *path), s) for f, l, w, path, s in
                   self.transient(sub, sub_local, in_place)]
       where = _where(eqn)
-      twice = xla_rules.interleaved_micro_batches(eqn,
-                                                  id(jaxpr) == self.top)
+      other = ()
+      if xla_rules.interleaved_micro_batches(eqn, id(jaxpr) == self.top):
+        other = (xla_rules.InterleavedMicroBatch(tuple(
+            point for sub, sub_local, in_place in calls
+            for point in self.between_loops(sub, sub_local, in_place))),)
       if inner:
         points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path),
-                    (*s, xla_rules.InterleavedMicroBatch((f, l), s))
-                    if twice else s)
+                    (*s, *other))
                    for f, l, w, path, s in _prune(inner)]
       else:
         split = plan.splits.get(i)
@@ -388,6 +390,33 @@ class _Simulation:
     result = _prune(points) if prune else points
     self.points[id(plan)] = result
     return result
+
+  def between_loops(self, jaxpr, local: bool = False, in_place_out=()
+                    ) -> list[tuple]:
+    """The live bytes of the values `jaxpr` makes at each of its points
+    outside its loops' bodies (a loop's inputs and outputs counted, what
+    its body makes not): what the program holds while it waits between two
+    of its instructions, as a loop is one instruction XLA runs whole
+    (kWhile). Each point (fixed, linear, splits), as `transient`'s: a
+    split-K matmul's padded operands and partials are other instructions'
+    outputs (xla_gpu_rules), held while it waits; the upper hull over
+    batches (`_prune`)."""
+    plan = self.plan(jaxpr, local, in_place_out)
+    points: list[tuple] = []
+    for i, live, _ in self._walk(plan):
+      eqn = plan.jaxpr.eqns[i]
+      at = live
+      for v in eqn.outvars:
+        if v not in plan.reuses:
+          at = _add(at, plan.size[v])
+      split = plan.splits.get(i)
+      points.append((*at, "", (), (split,) if split else ()))
+      if id(eqn) in plan.dead or xla_rules.is_loop(eqn):
+        continue
+      for sub, sub_local, in_place in xla_rules.calls(eqn, local):
+        points += [(at[0] + f, at[1] + l, "", (), s) for f, l, s in
+                   self.between_loops(sub, sub_local, in_place)]
+    return [(f, l, s) for f, l, _, _, s in _prune(points)]
 
   def live_at(self, jaxpr, path: tuple, local: bool = False, in_place_out=(),
               backward: bool = False, order: str = "deferred"

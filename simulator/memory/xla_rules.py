@@ -417,19 +417,31 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   (fusion.942; -36.70% without the rule); #129's step at
                   half its batch (b128, #145, which fits) both residual
                   stacks bf16[32,4,4096,7168] and both f32[4,4096,64128]
-                  logits at fusion.813 (+4.58% with the rule). How the two
-                  line up is not derived, so the bound is taken: at each
-                  point of the loop's micro-batch its transient is counted
-                  twice (`InterleavedMicroBatch`), the other micro-batch's
-                  work at the same point, its split-K bytes included on a
-                  GPU. (Counting only what the other micro-batch's forward
-                  leaves for its backward, the values forward equations
-                  make that backward ones read, is under XLA: #138
-                  -19.10%, #145 -5.39%, #129 -8.35% of the bytes it
-                  needed; the bound is loose where the working set is
-                  large beside the residuals: #140, full remat, +47.13%.)
-                  On GPUs: #70 -45.18% -> +8.49%, #63 -12.56% -> +12.15%
-                  with the micro-batch scatter fill (xla_gpu_rules). With
+                  logits at fusion.813. How the two line up is not
+                  derived, so a bound is taken from what XLA cannot do:
+                  run two loops at once (a while loop is one instruction,
+                  kWhile, its body run whole). So while one micro-batch
+                  runs any instruction, the other waits between two of
+                  its own, outside its loops' bodies: at each point of the
+                  loop's micro-batch the other's largest live set outside
+                  its loops is added (`InterleavedMicroBatch`, liveness's
+                  `between_loops`: its loops' inputs and outputs, its
+                  logits region, its split-K padded operands and partials
+                  on a GPU, not a loop body's working set). TPU: #129
+                  -0.19% of the bytes XLA needed, says does not fit, #138
+                  gpt2 +5.66%, #145 +2.74%; the bound stays loose with
+                  full remat, where the other micro-batch may be waiting
+                  at its logits while XLA's peak holds only its residual
+                  stack (#140 llama2_13b 16x4 +30.78%, #141 mixtral_mini
+                  +79.85%). Counting the other micro-batch's same point
+                  (the bound before this one) gave #140 +47.13%, #141
+                  +102.65%; counting only what its forward leaves for its
+                  backward, the values forward equations make that
+                  backward ones read, is under XLA: #138 -19.10%, #145
+                  -5.39%, #129 -8.35% of the bytes it needed. On GPUs: #70
+                  -45.18% -> +8.49% (its peak at the padded logits
+                  gradients of both), #63 -12.56% -> +5.52% with the
+                  micro-batch scatter fill (xla_gpu_rules). With
                   three or more micro-batches the loop stays a loop and
                   runs after the first (GPU #56 and TPU #64,
                   grad_accum=4: -0.50%, +1.13%).
@@ -489,18 +501,18 @@ def rules() -> list[tuple[str, str]]:
 @dataclasses.dataclass(frozen=True)
 class InterleavedMicroBatch:
   """The interleaved-micro-batches rule at one point of the accumulation
-  loop's micro-batch: the other micro-batch's transient there counted
-  again, its bytes (fixed, linear at the traced batch) and what the GPU
-  rules add at that point (`splits`: its split-K partials)."""
+  loop's micro-batch: the other micro-batch's largest live set while it
+  waits between two of its instructions (`between`: each candidate's fixed
+  and linear bytes at the traced batch and its split-K matmuls, as
+  simulator.memory.liveness gives them; the largest at the batch)."""
 
-  transient: tuple[int, int]
-  splits: tuple = ()
-  label = "the other micro-batch's work at the same point (interleaved)"
+  between: tuple[tuple[int, int, tuple], ...]
+  label = "the other micro-batch, waiting outside its loops (interleaved)"
 
   def extra(self, num: int, den: int) -> int:
-    f, l = self.transient
-    return (f + l // den * num + l % den * num // den
-            + sum(s.extra(num, den) for s in self.splits))
+    return max((f + l // den * num + l % den * num // den
+                + sum(s.extra(num, den) for s in splits)
+                for f, l, splits in self.between), default=0)
 
 
 def accumulation_loop(eqn) -> bool:
