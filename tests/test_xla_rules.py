@@ -766,3 +766,25 @@ def test_two_micro_batches_interleave(topology):
   outside_loops = sum(c.bytes for c in own if c.name.count(" > ") == 1)
   assert 0 < outside_loops <= extra < sum(c.bytes for c in own)
   assert other(_accumulated(topology, 4)) == 0
+
+
+def test_the_schedule_runs_through_the_inlined_micro_batch():
+  """XLA inlines the one-iteration accumulation loop, so the step's
+  schedule of the weight gradients is the micro-batch's too (#141: both
+  micro-batches in the traced order): in the traced schedule the
+  micro-batch's f32 logits gradient is gone by its layers' backward loop,
+  its output projection's gradient made right after it; in the deferred
+  one it is still live there."""
+  points = _accumulated("v5p-16", 2).points
+
+  def logits_live(order):
+    at = [i for i, (where, o) in enumerate(zip(points.where, points.order))
+          if o == order and where.startswith(scopes.ACCUMULATION)
+          and "backward Decoder/layers" in where]
+    assert at
+    return [any("forward Decoder/loss/bsd,dv->bsv" in b.where
+                and b.dtype == "float32" for b in points.live(i))
+            for i in at]
+
+  assert all(logits_live("deferred"))
+  assert not any(logits_live("traced"))

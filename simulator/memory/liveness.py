@@ -258,6 +258,17 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits)
 
 
+def _inner_order(eqn, order: str) -> str:
+  """The schedule of the bodies `eqn` runs: XLA inlines a call and a loop
+  of one iteration, so the step's schedule runs through them (#141: both
+  inlined micro-batches of an accumulation in the traced order, each
+  output projection's gradient right after its logits' gradient, in the
+  optimized module's ENTRY); a loop's body is scheduled on its own, as the
+  deferred-weight-gradients rule reads it."""
+  inlined = not xla_rules.is_loop(eqn) or eqn.params.get("length") == 1
+  return order if inlined else "deferred"
+
+
 class _Simulation:
   """One walk of a jaxpr and everything it calls. A point is (fixed, linear,
   where, path, splits): path indexes the equations from the top jaxpr down,
@@ -373,13 +384,15 @@ class _Simulation:
         self.micro_batch.update(id(sub) for sub, _, _ in calls)
       for k, (sub, sub_local, in_place) in enumerate(calls):
         inner += [(f, l, w, (k, *path), s) for f, l, w, path, s in
-                  self.transient(sub, sub_local, in_place)]
+                  self.transient(sub, sub_local, in_place,
+                                 order=_inner_order(eqn, order))]
       where = _where(eqn)
       other = ()
       if xla_rules.interleaved_micro_batches(eqn, id(jaxpr) == self.top):
         other = (xla_rules.InterleavedMicroBatch(tuple(
             point for sub, sub_local, in_place in calls
-            for point in self.between_loops(sub, sub_local, in_place))),)
+            for point in self.between_loops(sub, sub_local, in_place,
+                                            order))),)
       if inner:
         points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path),
                     (*s, *other))
@@ -391,8 +404,8 @@ class _Simulation:
     self.points[id(plan)] = result
     return result
 
-  def between_loops(self, jaxpr, local: bool = False, in_place_out=()
-                    ) -> list[tuple]:
+  def between_loops(self, jaxpr, local: bool = False, in_place_out=(),
+                    order: str = "deferred") -> list[tuple]:
     """The live bytes of the values `jaxpr` makes at each of its points
     outside its loops' bodies (a loop's inputs and outputs counted, what
     its body makes not): what the program holds while it waits between two
@@ -401,7 +414,7 @@ class _Simulation:
     split-K matmul's padded operands and partials are other instructions'
     outputs (xla_gpu_rules), held while it waits; the upper hull over
     batches (`_prune`)."""
-    plan = self.plan(jaxpr, local, in_place_out)
+    plan = self.plan(jaxpr, local, in_place_out, order)
     points: list[tuple] = []
     for i, live, _ in self._walk(plan):
       eqn = plan.jaxpr.eqns[i]
@@ -415,7 +428,7 @@ class _Simulation:
         continue
       for sub, sub_local, in_place in xla_rules.calls(eqn, local):
         points += [(at[0] + f, at[1] + l, "", (), s) for f, l, s in
-                   self.between_loops(sub, sub_local, in_place)]
+                   self.between_loops(sub, sub_local, in_place, order)]
     return [(f, l, s) for f, l, _, _, s in _prune(points)]
 
   def live_at(self, jaxpr, path: tuple, local: bool = False, in_place_out=(),
@@ -462,7 +475,7 @@ class _Simulation:
         back = backward or made_by_backward(eqn)
         out += [dataclasses.replace(b, where=f"{_where(eqn)} > {b.where}")
                 for b in self.live_at(sub, rest[1:], sub_local, in_place,
-                                      back)]
+                                      back, _inner_order(eqn, order))]
       return out
     raise ValueError(f"no program point {path}")
 

@@ -427,21 +427,32 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   its loops is added (`InterleavedMicroBatch`, liveness's
                   `between_loops`: its loops' inputs and outputs, its
                   logits region, its split-K padded operands and partials
-                  on a GPU, not a loop body's working set). TPU: #129
-                  -0.19% of the bytes XLA needed, says does not fit, #138
-                  gpt2 +5.66%, #145 +2.74%; the bound stays loose with
-                  full remat, where the other micro-batch may be waiting
-                  at its logits while XLA's peak holds only its residual
-                  stack (#140 llama2_13b 16x4 +30.78%, #141 mixtral_mini
-                  +79.85%). Counting the other micro-batch's same point
-                  (the bound before this one) gave #140 +47.13%, #141
-                  +102.65%; counting only what its forward leaves for its
-                  backward, the values forward equations make that
-                  backward ones read, is under XLA: #138 -19.10%, #145
+                  on a GPU, not a loop body's working set). The step's
+                  schedule of the weight gradients runs through both
+                  micro-batches (liveness `_inner_order`: #141's ENTRY
+                  runs both forward loops while.955, while.957, then each
+                  micro-batch's logits, logits gradient and output
+                  projection gradient in the traced order, fusion.810,
+                  .729, then .809, .728, then both backward loops
+                  while.952, while.949). TPU: #129 -0.19% of the bytes
+                  XLA needed, says does not fit, #138 gpt2 +9.60%, #145
+                  +5.66%; the bound stays loose where the other micro-
+                  batch may be waiting at its loss while XLA's peak holds
+                  only its residual stack (#140 llama2_13b 16x4 +30.78%,
+                  #141 mixtral_mini +79.85%, #146 gemma-2b v5e +29.28%:
+                  both losses at once in the traced order, each its f32
+                  [4,2048,128000] logits beside its f32 [128000,2048]
+                  embedding gradient). Counting the other micro-batch's
+                  same point (the bound before this one) gave #140
+                  +47.13%, #141 +102.65%; counting only what its forward
+                  leaves for its backward, the values forward equations
+                  make that backward ones read, is under XLA: #138
+                  -19.10%, #145
                   -5.39%, #129 -8.35% of the bytes it needed. On GPUs: #70
                   -45.18% -> +8.49% (its peak at the padded logits
-                  gradients of both), #63 -12.56% -> +5.52% with the
-                  micro-batch scatter fill (xla_gpu_rules). With
+                  gradients of both), #63 -12.56% -> +5.71% with the
+                  micro-batch scatter fill (xla_gpu_rules), #76
+                  qwen2-0.5b +16.03% (traced; both losses at once). With
                   three or more micro-batches the loop stays a loop and
                   runs after the first (GPU #56 and TPU #64,
                   grad_accum=4: -0.50%, +1.13%).
