@@ -116,7 +116,7 @@ def test_class_key_names_what_changes_the_program():
   settings = TrainSettings(batch=8, seq=128)
   key = lambda x, y: mesh_class.class_key(cfg, settings, plan_mesh(topo, x, y))
   assert key(8, 4) == key(4, 8) != key(16, 2)  # kv heads replicated or not
-  assert key(16, 2) != key(32, 1)  # Y of size 1
+  assert key(16, 2) == key(32, 1)  # Y of size 1: read at its size
   with pytest.raises(PlanError, match="Y=16 divides neither"):
     key(2, 16)
 
@@ -153,11 +153,14 @@ def test_the_sweep_traces_once_per_class_with_the_same_records():
   assert sum(r["status"] == "ok" for r in once) == 20  # 5 meshes x 2 x 2
   assert (every.traces, every.read_off) == (10, 0)
   assert sweep.traces + sweep.read_off == 10 and sweep.read_off >= 2
+  # meshes with an axis of size 1 (1x16, 16x1) share the others' class
+  assert sweep.traces == 2
 
 
-def test_an_axis_of_size_one_is_a_class_of_its_own():
+def test_kv_heads_replicated_or_not_is_a_class_of_its_own():
   """Read at 16x1, the MQA model's 8x2 trace gives other collectives than
-  its own trace at 16x1: JAX's program differs where Y has size 1."""
+  its own trace at 16x1: its one kv head is replicated over Y=2, sharded
+  over nothing at Y=1, and JAX's program differs."""
   cfg, topology, kw = CASES[4]
   assert cfg.n_kv_heads == 1
   topo = parse_topology(topology)

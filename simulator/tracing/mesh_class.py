@@ -8,8 +8,6 @@ axes its sharding names) and the sizes the collectives run over; the program
 itself (which values exist, their global shapes and shardings, which
 collectives run) is the same wherever these are the same:
 
-- which axes have size 1 (JAX and the program reading treat an axis of size
-  1 as no axis: its collectives vanish);
 - whether the kv heads are replicated over Y (simulator.step: Y not
   dividing them changes the shardings), and the vocabulary's padding to its
   axis (simulator.step.pad_vocab changes a global shape);
@@ -20,9 +18,14 @@ That is the class key (`class_key`). Inside a class, the estimators
 (simulator.memory, simulator.timing.roofline) run again on the one traced program
 with the target mesh's sizes (`resized`): every size-dependent rule (TPU tile
 padding, XLA rules comparing buffer sizes, partial-sum merging, collective
-costs) is evaluated at the target sizes by the same code a real trace at that
-mesh runs, so the figures are those of a real trace, not an approximation;
-that costs ~50 ms per mesh against ~0.5 s per trace (llama2_70b).
+costs, an axis of size 1 read as no axis: its collectives vanish, a reshard
+over it alone is a view, a contraction over it is no partial sum;
+`axis_sizes`) is evaluated at the target sizes by the same code a real
+trace at that mesh runs, so the figures are those of a real trace, not an
+approximation; that costs ~50 ms per mesh against ~0.5 s per trace
+(llama2_70b). So a mesh with an axis of size 1 is in the class of the
+others (JAX's program is the same: a collective over an axis of size 1 is
+still in it).
 
 The mesh is refused (`NotInClass`: trace it instead) wherever that could
 fail: a sharded dim the target's axes do not divide (the real trace raises a
@@ -37,8 +40,9 @@ a shard_map body dim (a per-device size already, inside the body) that
 matches no per-device dim of the body's operands, or two that differ at the
 target (seq 4096 and d_model 8192 over Y=2). tests/test_mesh_class.py holds
 the figures read off a class's trace equal to real traces' at every other
-mesh of the class, and shows that across classes they differ (an axis of
-size 1: an MQA model's collectives; kv heads replicated or not).
+mesh of the class, meshes with an axis of size 1 among them, and shows
+that across classes they differ (an MQA model's kv heads replicated or
+not).
 """
 
 from __future__ import annotations
@@ -137,6 +141,16 @@ def resized(resize: Resize | None) -> Iterator[None]:
     _RESIZE.reset(token)
 
 
+def axis_sizes(mesh) -> dict[str, int]:
+  """{axis: size} of the traced `mesh` at the current mesh (the target's
+  sizes under `resized`): what a rule reading a size-1 axis as no axis, or
+  a contraction as a partial sum, must read."""
+  r = current()
+  if r is not None:
+    return dict(r.target)
+  return dict(getattr(mesh, "shape", {}) or {})
+
+
 def local_shape(shape) -> tuple[int, ...]:
   """A shard_map body value's per-device shape at the current mesh."""
   r = current()
@@ -204,5 +218,5 @@ def class_key(cfg: ModelConfig, settings: TrainSettings,
   mesh = abstract_mesh(plan)
   rules, _, _ = step_rules(cfg, settings, mesh)
   padded, _ = pad_vocab(cfg, rules, mesh)
-  return (plan.X == 1, plan.Y == 1, kv_heads_replicated(cfg, plan.Y),
+  return (kv_heads_replicated(cfg, plan.Y),
           padded.vocab_size) + ((plan.P,) if plan.P > 1 else ())

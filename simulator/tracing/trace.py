@@ -80,17 +80,20 @@ def layout_of(aval) -> tuple:
   one layout are the same buffer and a reshard between them moves nothing
   (XLA partitions for one device: at mesh 1x1 none of the FSDP gathers of
   a GPU corpus row (#21-#30) is a buffer in XLA's assignment)."""
-  return _layout(len(aval.shape), getattr(aval, "sharding", None))
+  sharding = getattr(aval, "sharding", None)
+  sizes = mesh_class.axis_sizes(getattr(sharding, "mesh", None))
+  return _layout(len(aval.shape), sharding, tuple(sorted(sizes.items())))
 
 
 @functools.lru_cache(maxsize=4096)
-def _layout(ndim: int, sharding) -> tuple:
-  """layout_of of an aval of `ndim` dims and `sharding`, memoized: the
-  memory rules ask tens of thousands of times per sweep, for a few dozen
-  shardings (equal shardings name the same axes of the same mesh)."""
+def _layout(ndim: int, sharding, sizes: tuple) -> tuple:
+  """layout_of of an aval of `ndim` dims and `sharding` at the mesh axis
+  `sizes`, memoized: the memory rules ask tens of thousands of times per
+  sweep, for a few dozen shardings (equal shardings name the same axes of
+  the same mesh)."""
   spec = tuple(getattr(sharding, "spec", ()))
   spec += (None,) * (ndim - len(spec))
-  sizes = dict(getattr(getattr(sharding, "mesh", None), "shape", {}) or {})
+  sizes = dict(sizes)
   return tuple(tuple(a for a in mesh_class.entry_axes(e)
                      if sizes.get(a, 1) > 1) for e in spec)
 
