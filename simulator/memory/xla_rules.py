@@ -731,8 +731,8 @@ def partial_sums(eqn) -> bool:
   (all-reduce or reduce-scatter) must add up before anything else reads it."""
   (lc, rc), _ = eqn.params["dimension_numbers"]
   lhs, rhs = eqn.invars
-  sizes = mesh_class.axis_sizes(getattr(getattr(lhs.aval, "sharding", None),
-                                         "mesh", None))
+  sizes = dict(mesh_class.axis_sizes(
+      getattr(getattr(lhs.aval, "sharding", None), "mesh", None)))
   ls, rs = spec_of(lhs.aval), spec_of(rhs.aval)
   for a, b in zip(lc, rc):
     axes = (set(mesh_class.entry_axes(ls[a]))

@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING, Iterator
 
@@ -90,6 +91,10 @@ class Resize:
   target: dict
   local: dict
   tiled: dict  # (global shape, spec) -> per-device shape: _shard_map_dims
+
+  @functools.cached_property
+  def target_sizes(self) -> tuple[tuple[str, int], ...]:
+    return tuple(self.target.items())
 
   def _divided(self, dim: int, axes: tuple[str, ...]) -> int:
     n = math.prod(self.target[a] for a in axes)
@@ -141,14 +146,15 @@ def resized(resize: Resize | None) -> Iterator[None]:
     _RESIZE.reset(token)
 
 
-def axis_sizes(mesh) -> dict[str, int]:
-  """{axis: size} of the traced `mesh` at the current mesh (the target's
-  sizes under `resized`): what a rule reading a size-1 axis as no axis, or
-  a contraction as a partial sum, must read."""
+def axis_sizes(mesh) -> tuple[tuple[str, int], ...]:
+  """((axis, size), ...) of the traced `mesh` at the current mesh (the
+  target's sizes under `resized`): what a rule reading a size-1 axis as no
+  axis, or a contraction as a partial sum, must read; a tuple, to key
+  memoized rules by."""
   r = current()
   if r is not None:
-    return dict(r.target)
-  return dict(getattr(mesh, "shape", {}) or {})
+    return r.target_sizes
+  return tuple((getattr(mesh, "shape", None) or {}).items())
 
 
 def local_shape(shape) -> tuple[int, ...]:

@@ -81,8 +81,8 @@ def layout_of(aval) -> tuple:
   (XLA partitions for one device: at mesh 1x1 none of the FSDP gathers of
   a GPU corpus row (#21-#30) is a buffer in XLA's assignment)."""
   sharding = getattr(aval, "sharding", None)
-  sizes = mesh_class.axis_sizes(getattr(sharding, "mesh", None))
-  return _layout(len(aval.shape), sharding, tuple(sorted(sizes.items())))
+  return _layout(len(aval.shape), sharding,
+                 mesh_class.axis_sizes(getattr(sharding, "mesh", None)))
 
 
 @functools.lru_cache(maxsize=4096)
