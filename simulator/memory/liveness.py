@@ -356,6 +356,17 @@ class _Simulation:
         live = _sub(live, plan.stacks[key][2])
         values.remove(key)
 
+  @classmethod
+  def _at_each(cls, plan: _Plan) -> Iterable[tuple[int, object, Bytes]]:
+    """(index, equation, live bytes while it runs: what is live before it
+    and its outputs' own buffers) per equation."""
+    for i, live, _ in cls._walk(plan):
+      eqn = plan.jaxpr.eqns[i]
+      for v in eqn.outvars:
+        if v not in plan.reuses:
+          live = _add(live, plan.size[v])
+      yield i, eqn, live
+
   def transient(self, jaxpr, local: bool = False, in_place_out=(),
                 prune: bool = True, order: str = "deferred") -> list[tuple]:
     """Live bytes of the values `jaxpr` makes, at each of its points that
@@ -368,12 +379,7 @@ class _Simulation:
     if id(plan) in self.points:
       return self.points[id(plan)]
     points = []
-    for i, live, _ in self._walk(plan):
-      eqn = plan.jaxpr.eqns[i]
-      at = live
-      for v in eqn.outvars:
-        if v not in plan.reuses:
-          at = _add(at, plan.size[v])
+    for i, eqn, at in self._at_each(plan):
       inner = []
       calls = [] if id(eqn) in plan.dead else xla_rules.calls(eqn, local)
       if calls and (id(jaxpr) in self.looped or xla_rules.is_loop(eqn)):
@@ -416,12 +422,7 @@ class _Simulation:
     batches (`_prune`)."""
     plan = self.plan(jaxpr, local, in_place_out, order)
     points: list[tuple] = []
-    for i, live, _ in self._walk(plan):
-      eqn = plan.jaxpr.eqns[i]
-      at = live
-      for v in eqn.outvars:
-        if v not in plan.reuses:
-          at = _add(at, plan.size[v])
+    for i, eqn, at in self._at_each(plan):
       split = plan.splits.get(i)
       points.append((*at, "", (), (split,) if split else ()))
       if id(eqn) in plan.dead or xla_rules.is_loop(eqn):
