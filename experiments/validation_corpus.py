@@ -422,4 +422,34 @@ CASES: list[Case] = [
     Case("llama3_8b", "v5p-256", "128x1", 1024, 8192, "full", "adamw", C),
     Case("gpt2", "v5e-16", "16x1", 512, 1024, "dots", "adamw", C),
     Case("llama2_13b", "v4-64", "16x2", 256, 2048, "full", "adamw", C),
+    # Held out, compiled after the interleaved bound was narrowed to the
+    # other micro-batch's live set outside its loops: two micro-batches
+    # with a 152k vocabulary and dots, on v5e over TP, names remat on v6e,
+    # a chunked loss with dots, T5, materialized attention.
+    Case(QWEN2_0_5B, "v5p-8", "4x1", 32, 2048, "dots", "adamw", C,
+         grad_accum=2),
+    Case("llama2_7b", "v5e-16", "8x2", 32, 2048, "full", "adamw", C,
+         grad_accum=2),
+    Case("gpt2", "v6e-8", "8x1", 64, 1024, "names:qkv,mlp_hidden", "adamw", T,
+         grad_accum=2),  # tune: the loop-edges part of the rule read its dump
+    Case("mistral_7b", "v5p-32", "8x2", 64, 4096, "dots", "adamw", C,
+         loss_chunks=4, grad_accum=2),
+    Case("t5_3b", "v5p-32", "8x2", 128, 512, "full", "adamw", C,
+         target_seq=128, grad_accum=2),
+    Case("llama2_7b", "v5p-32", "16x1", 64, 2048, "full", "adamw", C,
+         attention="materialized", grad_accum=2),
+    # Held out, compiled after the other micro-batch was held at its loops'
+    # edges: MQA with dots on v6e, a 128k vocabulary on v5e over TP, names
+    # remat at seq 4096, experts with dots, an offloading remat, no remat.
+    Case(GEMMA_2B, "v6e-16", "16x1", 64, 2048, "dots", "adamw", C,
+         grad_accum=2),
+    Case("llama3_8b", "v5e-32", "16x2", 64, 2048, "full", "adamw", C,
+         grad_accum=2),
+    Case("mistral_7b", "v5p-16", "8x1", 32, 4096, "names:qkv,mlp_hidden",
+         "adamw", C, grad_accum=2),
+    Case("mixtral_mini", "v5p-16", "4x2", 32, 2048, "dots", "adamw", C,
+         grad_accum=2),
+    Case("llama2_13b", "v5p-64", "16x2", 128, 2048, "offload:qkv", "adamw", C,
+         grad_accum=2),
+    Case("gpt2", "v4-8", "4x1", 32, 1024, "none", "adamw", C, grad_accum=2),
 ]

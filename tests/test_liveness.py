@@ -177,3 +177,24 @@ def test_each_fusion_reads_the_buffers_behind_its_operands():
       assert built.reads[i] == _reads_by_search(built, eqn)
       checked += len(built.reads[i]) > 1
   assert checked > 100  # fusions that read several buffers
+
+
+def test_a_program_waits_outside_its_loops_and_at_their_edges():
+  """between_loops: what a program holds while it waits between two of its
+  instructions. A loop runs whole, so its body's working set is never
+  held; the [64, 1024] matmul result made after the loop is held waiting
+  anywhere outside it, not at the loop's edges (before, while or after it
+  runs), where only the loop's [64, 64] carry is (the interleaved-micro-
+  batches rule reads both: xla_rules)."""
+  def step(x, w, w2, w3):
+    def body(c, _):
+      return jnp.tanh(c @ w), None
+    y = jax.lax.scan(body, x, None, length=3)[0]
+    return ((y @ w2) @ w3).sum()
+
+  jaxpr = jax.make_jaxpr(step)(jnp.ones((64, 64)), jnp.ones((64, 64)),
+                               jnp.ones((64, 1024)), jnp.ones((1024, 8))).jaxpr
+  sim = liveness._Simulation()
+  held = lambda edges: max(f + l for f, l, _ in sim.between_loops(
+      jaxpr, edges=edges))
+  assert held(False) >= 64 * 1024 * F32 > held(True) == 64 * 64 * F32

@@ -258,6 +258,12 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits)
 
 
+def _runs_whole(eqn) -> bool:
+  """A loop XLA keeps: one instruction (kWhile) it runs whole, its body
+  scheduled on its own; a loop of one iteration it inlines."""
+  return xla_rules.is_loop(eqn) and eqn.params.get("length") != 1
+
+
 def _inner_order(eqn, order: str) -> str:
   """The schedule of the bodies `eqn` runs: XLA inlines a call and a loop
   of one iteration, so the step's schedule runs through them (#141: both
@@ -265,8 +271,7 @@ def _inner_order(eqn, order: str) -> str:
   output projection's gradient right after its logits' gradient, in the
   optimized module's ENTRY); a loop's body is scheduled on its own, as the
   deferred-weight-gradients rule reads it."""
-  inlined = not xla_rules.is_loop(eqn) or eqn.params.get("length") == 1
-  return order if inlined else "deferred"
+  return "deferred" if _runs_whole(eqn) else order
 
 
 class _Simulation:
@@ -393,43 +398,65 @@ class _Simulation:
                   self.transient(sub, sub_local, in_place,
                                  order=_inner_order(eqn, order))]
       where = _where(eqn)
-      other = ()
+      other = {}  # the interleaved-micro-batches rule (xla_rules)
       if xla_rules.interleaved_micro_batches(eqn, id(jaxpr) == self.top):
-        other = (xla_rules.InterleavedMicroBatch(tuple(
+        other = {edges: xla_rules.InterleavedMicroBatch(tuple(
             point for sub, sub_local, in_place in calls
             for point in self.between_loops(sub, sub_local, in_place,
-                                            order))),)
-      if inner:
-        points += [(at[0] + f, at[1] + l, f"{where} > {w}", (i, *path),
-                    (*s, *other))
-                   for f, l, w, path, s in _prune(inner)]
-      else:
+                                            order, edges)))
+                 for edges in (False, True)}
+      for f, l, w, path, s in _prune(inner) if inner else ():
+        if other:  # the other waits at a loop's edge: on a TPU always, on
+          # a GPU while this one is inside a loop (xla_rules)
+          edges = not self.gpu or self._in_loop(
+              calls[path[0]], path[1:], _inner_order(eqn, order))
+          s = (*s, other[edges])
+        points.append((at[0] + f, at[1] + l, f"{where} > {w}", (i, *path),
+                       s))
+      if not inner:
         split = plan.splits.get(i)
         points.append((*at, where, (i,), (split,) if split else ()))
     result = _prune(points) if prune else points
     self.points[id(plan)] = result
     return result
 
+  def _in_loop(self, call: tuple, path: tuple, order: str) -> bool:
+    """Whether the point `path` of the body `call` (jaxpr, local,
+    in_place_out) is inside one of its loops' bodies."""
+    sub, local, in_place = call
+    eqn = self.plan(sub, local, in_place, order).jaxpr.eqns[path[0]]
+    if len(path) == 1:
+      return False
+    if _runs_whole(eqn):
+      return True
+    return self._in_loop(xla_rules.calls(eqn, local)[path[1]], path[2:],
+                         _inner_order(eqn, order))
+
   def between_loops(self, jaxpr, local: bool = False, in_place_out=(),
-                    order: str = "deferred") -> list[tuple]:
+                    order: str = "deferred", edges: bool = False
+                    ) -> list[tuple]:
     """The live bytes of the values `jaxpr` makes at each of its points
     outside its loops' bodies (a loop's inputs and outputs counted, what
     its body makes not): what the program holds while it waits between two
     of its instructions, as a loop is one instruction XLA runs whole
-    (kWhile). Each point (fixed, linear, splits), as `transient`'s: a
-    split-K matmul's padded operands and partials are other instructions'
-    outputs (xla_gpu_rules), held while it waits; the upper hull over
-    batches (`_prune`)."""
+    (kWhile); with `edges`, only at its loops (before, while or after one
+    runs: its edges). Each point (fixed, linear, splits), as `transient`'s:
+    a split-K matmul's padded operands and partials are other
+    instructions' outputs (xla_gpu_rules), held while it waits; the upper
+    hull over batches (`_prune`)."""
     plan = self.plan(jaxpr, local, in_place_out, order)
     points: list[tuple] = []
     for i, eqn, at in self._at_each(plan):
+      loop = _runs_whole(eqn)
       split = plan.splits.get(i)
-      points.append((*at, "", (), (split,) if split else ()))
-      if id(eqn) in plan.dead or xla_rules.is_loop(eqn):
+      if loop or not edges:
+        points.append((*at, "", (), (split,) if split else ()))
+      if id(eqn) in plan.dead or loop:
         continue
       for sub, sub_local, in_place in xla_rules.calls(eqn, local):
         points += [(at[0] + f, at[1] + l, "", (), s) for f, l, s in
-                   self.between_loops(sub, sub_local, in_place, order)]
+                   self.between_loops(sub, sub_local, in_place, order,
+                                      edges)]
     return [(f, l, s) for f, l, _, _, s in _prune(points)]
 
   def live_at(self, jaxpr, path: tuple, local: bool = False, in_place_out=(),

@@ -418,44 +418,62 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   half its batch (b128, #145, which fits) both residual
                   stacks bf16[32,4,4096,7168] and both f32[4,4096,64128]
                   logits at fusion.813. How the two line up is not
-                  derived, so a bound is taken from what XLA cannot do:
-                  run two loops at once (a while loop is one instruction,
-                  kWhile, its body run whole). So while one micro-batch
-                  runs any instruction, the other waits between two of
-                  its own, outside its loops' bodies: at each point of the
-                  loop's micro-batch the other's largest live set outside
-                  its loops is added (`InterleavedMicroBatch`, liveness's
-                  `between_loops`: its loops' inputs and outputs, its
-                  logits region, its split-K padded operands and partials
-                  on a GPU, not a loop body's working set). The step's
-                  schedule of the weight gradients runs through both
-                  micro-batches (liveness `_inner_order`: #141's ENTRY
-                  runs both forward loops while.955, while.957, then each
-                  micro-batch's logits, logits gradient and output
-                  projection gradient in the traced order, fusion.810,
-                  .729, then .809, .728, then both backward loops
-                  while.952, while.949). TPU: #129 -0.19% of the bytes
-                  XLA needed, says does not fit, #138 gpt2 +9.60%, #145
-                  +5.66%; the bound stays loose where the other micro-
-                  batch may be waiting at its loss while XLA's peak holds
-                  only its residual stack (#140 llama2_13b 16x4 +30.78%,
-                  #141 mixtral_mini +79.85%, #146 gemma-2b v5e +29.28%:
-                  both losses at once in the traced order, each its f32
-                  [4,2048,128000] logits beside its f32 [128000,2048]
-                  embedding gradient). Counting the other micro-batch's
-                  same point (the bound before this one) gave #140
-                  +47.13%, #141 +102.65%; counting only what its forward
-                  leaves for its backward, the values forward equations
-                  make that backward ones read, is under XLA: #138
-                  -19.10%, #145
-                  -5.39%, #129 -8.35% of the bytes it needed. On GPUs: #70
-                  -45.18% -> +8.49% (its peak at the padded logits
-                  gradients of both), #63 -12.56% -> +5.71% with the
+                  derived; two things bound it. XLA cannot run two loops
+                  at once (a while loop is one instruction, kWhile, its
+                  body run whole), so while one micro-batch runs, the
+                  other waits between two of its own instructions,
+                  outside its loops' bodies (`InterleavedMicroBatch`,
+                  liveness's `between_loops`). And on a TPU it waits at an
+                  edge of one of its loops (before, while or after one
+                  runs), never inside its loss: #141's ENTRY runs both
+                  forward loops (while.955, while.957), then each
+                  micro-batch's loss whole, its logits, logits gradient
+                  and output projection gradient (fusion.810, .729, then
+                  .809, .728), then both backward loops (while.952,
+                  .949); #160 gpt2 v6e-8 8x1 b64 names grad_accum=2 holds
+                  at its peak (fusion.559) one micro-batch's loss, its
+                  f32[4,1024,50257] logits beside its f32[50257,768]
+                  output projection gradient, and both residual stacks,
+                  the other waiting after its forward loop; #138's and
+                  #145's peaks, inside a backward loop (a flash attention
+                  block's f32 scores live), hold the other's residual
+                  stack and logits, as it waits before its backward loop
+                  in the deferred schedule. On a GPU two losses run at
+                  once (#70's peak, loop_pad_fusion.1, holds both
+                  micro-batches' padded logits gradients), so there the
+                  other waits at a loop's edge only while this one is
+                  inside a loop, and anywhere outside its loops
+                  otherwise; split-K padded operands and partials count
+                  as what it holds. The step's schedule of the weight
+                  gradients runs through both micro-batches (liveness
+                  `_inner_order`: #141's ENTRY runs both in the traced
+                  order, each output projection's gradient right after
+                  its logits gradient). TPU: #129 -0.8% of the bytes XLA
+                  needed, says does not fit; #138 gpt2 +3.82%, #145
+                  +1.75%; #160 +6.80% in the traced schedule, the one its
+                  ENTRY runs, +39.16% kept (the deferred schedule's
+                  bound, both logits gradients held). Loose where the
+                  other micro-batch's edge holds more than XLA's peak
+                  does: #141 mixtral_mini full +78.29%, #140 llama2_13b
+                  16x4 +28.42%. Before the loop's edges were read, with
+                  the other anywhere outside its loops: #138 +9.60%,
+                  #145 +5.66%, #146 +29.28% (both losses at once) -> now
+                  +9.12%; counting its same point: #140 +47.13%, #141
+                  +102.65%; counting only what its forward leaves for its
+                  backward, the values forward equations make that
+                  backward ones read, is under XLA: #138 -19.10%, #145
+                  -5.39%, #129 -8.35% of the bytes it needed. GPU: #70
+                  -45.18% -> +8.49%, #63 -12.56% -> +3.68% with the
                   micro-batch scatter fill (xla_gpu_rules), #76
-                  qwen2-0.5b +16.03% (traced; both losses at once). With
-                  three or more micro-batches the loop stays a loop and
-                  runs after the first (GPU #56 and TPU #64,
-                  grad_accum=4: -0.50%, +1.13%).
+                  qwen2-0.5b +16.03% (both losses at once), held out
+                  #85-#88 (their dumps not read) +8.38%, +4.26%, +4.68%,
+                  -0.85%. Held out on TPUs: compiled with the other
+                  anywhere outside its loops, #158, #159, #161-#163
+                  +33.12%, +18.06%, +5.38%, +29.76%, +23.80%; after the
+                  edges were read, #164-#169 +6.07%, +19.11%, +11.96%,
+                  +36.54%, +1.00%, +1.99%. With three or more micro-batches the
+                  loop stays a loop and runs after the first (GPU #56 and
+                  TPU #64, grad_accum=4: -0.50%, +1.13%).
 """
 
 from __future__ import annotations
