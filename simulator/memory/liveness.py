@@ -403,7 +403,7 @@ class _Simulation:
         other = {edges: xla_rules.InterleavedMicroBatch(tuple(
             point for sub, sub_local, in_place in calls
             for point in self.between_loops(sub, sub_local, in_place,
-                                            order, edges)))
+                                            order, edges)), edges)
                  for edges in (False, True)}
       for f, l, w, path, s in _prune(inner) if inner else ():
         if other:  # the other waits at a loop's edge: on a TPU always, on

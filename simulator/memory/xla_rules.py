@@ -533,10 +533,16 @@ class InterleavedMicroBatch:
   loop's micro-batch: the other micro-batch's largest live set while it
   waits between two of its instructions (`between`: each candidate's fixed
   and linear bytes at the traced batch and its split-K matmuls, as
-  simulator.memory.liveness gives them; the largest at the batch)."""
+  simulator.memory.liveness gives them; the largest at the batch), at an
+  edge of one of its loops (`edges`) or anywhere outside them."""
 
   between: tuple[tuple[int, int, tuple], ...]
-  label = "the other micro-batch, waiting outside its loops (interleaved)"
+  edges: bool
+
+  @property
+  def label(self) -> str:
+    where = "at a loop's edge" if self.edges else "outside its loops"
+    return f"the other micro-batch, waiting {where} (interleaved)"
 
   def extra(self, num: int, den: int) -> int:
     return max((f + l // den * num + l % den * num // den
