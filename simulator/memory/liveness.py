@@ -293,6 +293,7 @@ class _Simulation:
     # (the accumulation loop's body and the calls it makes): on a GPU the
     # early scatter fill applies there as in the step (xla_gpu_rules)
     self.micro_batch: set = set()
+    self.deferred: dict = {}  # id of a body -> it with weight grads deferred
 
   def plan(self, jaxpr, local: bool, in_place_out,
            order: str = "deferred") -> _Plan:
@@ -302,14 +303,17 @@ class _Simulation:
     order with the logits apart from their gradient; "memory", the traced
     order with the step's loops' stacked outputs zero-filled at its start
     (xla_gpu_rules)."""
+    top = id(jaxpr) == self.top  # the step's own jaxpr, in any schedule
+    if (order == "traced" and not top and id(jaxpr) not in self.micro_batch
+        and self._deferred(jaxpr) is jaxpr):
+      order = "deferred"  # a body with no weight gradient to defer: the same
     key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
-      top = id(jaxpr) == self.top  # the step's own jaxpr, in any schedule
       if order == "deferred" and self.gpu and top:
         jaxpr = xla_gpu_rules.defer_step_weight_grads(jaxpr, self.results)
       elif order == "deferred":
-        jaxpr = xla_rules.defer_weight_grads(
-            jaxpr, results=self.results if top else ())
+        jaxpr = self._deferred(jaxpr) if not top else (
+            xla_rules.defer_weight_grads(jaxpr, results=self.results))
       elif order == "late":
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
       if top and not self.gpu:
@@ -331,6 +335,13 @@ class _Simulation:
         plan.stacks.update(xla_gpu_rules.early_scatter_fills(plan.jaxpr))
       self.plans[key] = plan
     return self.plans[key]
+
+  def _deferred(self, jaxpr):
+    """A body (not the step's own jaxpr) with its weight gradients deferred
+    (xla_rules.defer_weight_grads), made once."""
+    if id(jaxpr) not in self.deferred:
+      self.deferred[id(jaxpr)] = xla_rules.defer_weight_grads(jaxpr)
+    return self.deferred[id(jaxpr)]
 
   @staticmethod
   def _walk(plan: _Plan) -> Iterable[tuple[int, Bytes, list]]:
