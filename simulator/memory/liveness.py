@@ -258,12 +258,6 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits)
 
 
-def _runs_whole(eqn) -> bool:
-  """A loop XLA keeps: one instruction (kWhile) it runs whole, its body
-  scheduled on its own; a loop of one iteration it inlines."""
-  return xla_rules.is_loop(eqn) and eqn.params.get("length") != 1
-
-
 def _inner_order(eqn, order: str) -> str:
   """The schedule of the bodies `eqn` runs: XLA inlines a call and a loop
   of one iteration, so the step's schedule runs through them (#141: both
@@ -271,7 +265,7 @@ def _inner_order(eqn, order: str) -> str:
   output projection's gradient right after its logits' gradient, in the
   optimized module's ENTRY); a loop's body is scheduled on its own, as the
   deferred-weight-gradients rule reads it."""
-  return "deferred" if _runs_whole(eqn) else order
+  return "deferred" if xla_rules.runs_whole(eqn) else order
 
 
 class _Simulation:
@@ -415,7 +409,7 @@ class _Simulation:
             point for sub, sub_local, in_place in calls
             for point in self.between_loops(sub, sub_local, in_place,
                                             order, edges)), edges)
-                 for edges in (False, True)}
+                 for edges in ((False, True) if self.gpu else (True,))}
       for f, l, w, path, s in _prune(inner) if inner else ():
         if other:  # the other waits at a loop's edge: on a TPU always, on
           # a GPU while this one is inside a loop (xla_rules)
@@ -438,7 +432,7 @@ class _Simulation:
     eqn = self.plan(sub, local, in_place, order).jaxpr.eqns[path[0]]
     if len(path) == 1:
       return False
-    if _runs_whole(eqn):
+    if xla_rules.runs_whole(eqn):
       return True
     return self._in_loop(xla_rules.calls(eqn, local)[path[1]], path[2:],
                          _inner_order(eqn, order))
@@ -458,7 +452,7 @@ class _Simulation:
     plan = self.plan(jaxpr, local, in_place_out, order)
     points: list[tuple] = []
     for i, eqn, at in self._at_each(plan):
-      loop = _runs_whole(eqn)
+      loop = xla_rules.runs_whole(eqn)
       split = plan.splits.get(i)
       if loop or not edges:
         points.append((*at, "", (), (split,) if split else ()))

@@ -561,7 +561,7 @@ def interleaved_micro_batches(eqn, top: bool) -> bool:
   """Whether the top-level `eqn` is an accumulation loop of one iteration,
   which XLA inlines beside the first micro-batch (the interleaved-
   micro-batches rule)."""
-  return top and accumulation_loop(eqn) and eqn.params.get("length") == 1
+  return top and accumulation_loop(eqn) and not runs_whole(eqn)
 
 
 def on_host(aval) -> bool:
@@ -904,6 +904,12 @@ def donated_in_place(jaxpr, donated: list) -> list:
 def is_loop(eqn) -> bool:
   """A loop: its body runs once per iteration (scan, while)."""
   return eqn.primitive.name in ("scan", "while")
+
+
+def runs_whole(eqn) -> bool:
+  """A loop XLA keeps: one instruction (kWhile) it runs whole, its body
+  scheduled on its own; a loop of one iteration it inlines."""
+  return is_loop(eqn) and eqn.params.get("length") != 1
 
 
 def _subjaxprs(eqn) -> list:
