@@ -128,7 +128,7 @@ class SweepSpec:
       if not isinstance(p, int) or p <= 0 or topo.chips % p:
         raise ValueError(f"pp {p!r} must be a positive divisor of "
                          f"{topo.name}'s {topo.chips} chips")
-    multiple = self.microbatches
+    multiple = math.lcm(self.microbatches, self.grad_accum)  # a valid batch
     for r in self.remats:
       for s in self.shards:
         for o in self.optimizers:
@@ -276,8 +276,9 @@ class Sweep:
       else:
         plan = plan_mesh(self.topo, c.X, c.Y, P=c.P)
         # Any valid batch: trace_probe replaces it with the probe batch.
-        settings = self.spec.settings(c.X * self.spec.microbatches, c.remat,
-                                      c.shard, c.optimizer, c.P)
+        settings = self.spec.settings(
+            c.X * math.lcm(self.spec.microbatches, self.spec.grad_accum),
+            c.remat, c.shard, c.optimizer, c.P)
         try:
           with _gc_paused():
             self._estimators[c.trace_key] = self._estimate(c, plan, settings)
@@ -340,11 +341,11 @@ class Sweep:
       if c.batch % c.X:
         raise ValueError(f"batch {c.batch} is not divisible by X={c.X}; "
                          f"the batch is sharded over X")
-      m = self.spec.microbatches if c.P > 1 else 1
+      m, flag = ((self.spec.microbatches, "microbatches") if c.P > 1 else
+                 (self.spec.grad_accum, "grad_accum"))
       if c.batch % (c.X * m):
         raise ValueError(f"batch {c.batch} is not divisible by X={c.X} x "
-                         f"microbatches={m}; each micro-batch is sharded "
-                         "over X")
+                         f"{flag}={m}; each micro-batch is sharded over X")
       est = self._estimator(c)
       if isinstance(est, Exception):
         raise est

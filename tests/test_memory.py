@@ -252,6 +252,14 @@ def test_at_batch_rescales_shapes_and_chains(tiny):
   assert b.shape == tuple(3 if d == 1 else d for d in a.shape)
   with pytest.raises(ValueError, match="batch=3 must be a positive multiple of 2"):
     small.at_batch(3)
+  # Each micro-batch is split over X: with 2 of them on X=2, a batch of 2
+  # would leave each device a micro-batch of half a sequence (held-out
+  # #194 was refused by the compile path; the estimate read zero-size
+  # shapes).
+  accum = _estimate(tiny, plan, batch=4, remat="full", grad_accum=2)
+  with pytest.raises(ValueError, match="batch=2 must be a positive multiple "
+                     "of 4 .each micro-batch split over X"):
+    accum.at_batch(2)
   with pytest.raises(ValueError, match="probe batch"):
     memory.estimate_memory(trace(tiny, TrainSettings(batch=2, seq=64),
                                  abstract_mesh(plan)), plan)

@@ -156,3 +156,25 @@ def test_a_plan_the_compiler_refutes_never_ranks_among_those_that_fit():
              "memory in memory space hbm")
   assert search.rank([best, oom, ok])[0] is ok
   assert search.refuted(best) and search.refuted(oom) and not search.refuted(ok)
+
+
+def test_gradient_accumulation_sweeps_whole_micro_batches():
+  """With --grad_accum=4 the sweep runs (its checks use a batch valid for
+  the micro-batches) and a batch that is not whole micro-batches over X
+  fails alone, naming grad_accum; a valid one matches memory_report."""
+  from meshes.layout import plan_mesh
+  from meshes.topology import parse_topology
+  from models.registry import load_model
+  from simulator import memory
+  from simulator.settings import TrainSettings
+  spec = search.SweepSpec(model="tiny", topology="v5p-8", batches=(4, 16),
+                          seq=64, grad_accum=4, meshes=((2, 2),))
+  sweep = search.Sweep(spec)
+  records = {r["batch"]: r for r in sweep.evaluate(spec.configs(sweep.topo))}
+  assert records[4]["status"] == "failed"
+  assert "X=2 x grad_accum=4" in records[4]["error"]
+  assert records[16]["status"] == "ok"
+  direct = memory.memory_report(
+      load_model("tiny"), TrainSettings(batch=16, seq=64, grad_accum=4),
+      plan_mesh(parse_topology("v5p-8"), 2, 2))
+  assert records[16]["peak_bytes"] == direct.per_device_bytes["peak"]

@@ -118,7 +118,7 @@ class MemoryEstimate:
   batch_bytes: int  # the batch arguments, inside `activations`
   contributors: dict[str, tuple[Contributor, ...]]  # top tensors per category
   batch: int  # global batch in sequences
-  batch_shards: int  # per-device batch = batch / this
+  batch_shards: int  # the batch is a multiple of this: X x micro-batches
   arguments_bytes: int  # params + optimizer + batch + tile padding
   tile_padding_bytes: int  # TPU tile padding of the arguments
   compiled_comparable_peak: int  # peak - overhead: what XLA's peak is
@@ -151,7 +151,8 @@ class MemoryEstimate:
     """The same mesh and program at another global batch, without retracing."""
     if not isinstance(batch, int) or batch <= 0 or batch % self.batch_shards:
       raise ValueError(f"batch={batch!r} must be a positive multiple of "
-                       f"{self.batch_shards} (the batch's shards)")
+                       f"{self.batch_shards} (each micro-batch split over "
+                       "X)")
     return dataclasses.replace(
         _assemble(self.tensors, self.points, batch, self.traced_batch,
                   self.hbm_bytes, self.batch_shards, self.host_devices,
@@ -324,7 +325,8 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
            and xla_rules.logits_recomputable(traced.jaxpr) else None)
   return dataclasses.replace(
       _assemble(tuple(tensors), points, batch, batch,
-                capacity.capacity_bytes(plan), batch // per_device_batch,
+                capacity.capacity_bytes(plan),
+                batch // per_device_batch * step.grad_accum * step.microbatches,
                 plan.topology.chips_per_vm, rule, limit),
       trainable_params=trainable_params(step))
 
