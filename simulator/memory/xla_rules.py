@@ -51,6 +51,23 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   at the flash-forward peaks of #121 (the f32 scores live
                   at fusion.467 and nothing of p's size) and llama2_7b
                   v5p-8 4x1 QLoRA nf4 --offload=params (#70, fusion.1387);
+  batched-weight  a matmul of activations by a stack of weights batched with
+  matmuls         them (the experts' egcd,edf->egcf; XLA:TPU emits it as a
+                  convolution) takes no elementwise chain into its fusion:
+                  the chain's values are buffers, made as outputs of the
+                  fusion of the matmul that makes them. At the peak of
+                  mixtral_mini v5e-16 8x2 b128 full (held-out #188,
+                  fusion.696, kind=kOutput) the recomputed gate
+                  convolution's fusion writes three bf16[8,16,512,1792]
+                  outputs, silu(h)*g and the two SwiGLU input gradients,
+                  beside h (fusion.844) and the output projection's input
+                  gradient (fusion.851): five expert-hidden buffers where
+                  the into-matmuls rule left three (-9.35% -> -8.50%; XLA
+                  also holds two f32[16,2048,1024] norm inputs, attn_norm
+                  and mlp_norm's converts of the recomputed layer, and a
+                  second bf16[8,16,512,1024] dispatch, not modelled). The
+                  gate's own result, computed inside that fusion, is still
+                  counted: an upper bound by one such buffer;
   narrowed weight a weight gradient whose one reader is a cast to a
   gradients       narrower dtype is made by one fusion with the cast, and
                   that fusion goes on into an add that reads the cast while
@@ -113,8 +130,14 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   copy.518-525 of every bf16 layer stack, in its own layout,
                   in the backward loop's tuple and read by the update
                   fusion.253, beside the gradient stacks in the transposed
-                  layout), unless the argument is stored transposed already
-                  (its last dim not a multiple of 128). A stack the update
+                  layout), also where the argument is stored transposed
+                  (its last dim not a multiple of 128): in llama2_7b v5e-64
+                  16x4 b32 s4096 zero2 bf16 names:qkv (held-out #196) wi
+                  and wi_gate, [32,4096,2752]{1,2,0}, are copied in that
+                  layout (copy.520, copy.521 of param.27, param.28) and
+                  live beside the gradient stacks at the peak (-10.72%
+                  -> +0.09%; an exception for them, read off no dump, had
+                  left them out). A stack the update
                   writes in place is not copied: in llama2_7b v5p-16 2x4 dp
                   bf16 no parameter is copied (the [32,4096,8,128]{1,3,2,0}
                   values there are the gradient accumulators);
@@ -488,7 +511,6 @@ from jax.extend import core as jcore
 from models import scopes
 from simulator.tracing import loops, mesh_class
 from simulator.tracing.batch_probe import carries_batch, matmul_kind
-from simulator.memory.tiling import TILE_MINOR
 from simulator.tracing.program import subjaxprs
 from simulator.step import device_shape
 from simulator.tracing.trace import (VIEW_OPS, fusible, layout_of,
@@ -673,11 +695,25 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
   if any(c.primitive.name == "device_put" for c in through_views):
     return False  # a copy to another memory (a DMA) reads a whole buffer
   matmul = lambda c: c.primitive.name == "dot_general"
+  if any(map(_batched_weight_matmul, through_views)):
+    return False  # the batched-weight-matmuls rule
   return (loop_fusible(eqn) and all(absorbs(c) or matmul(c) for c in readers)
           and (not any(map(matmul, through_views))
                or _chain_no_wider(eqn, producer or {})
                or (sole_matmul_in and len(readers) == 1
                    and matmul(readers[0]))))
+
+
+def _batched_weight_matmul(eqn) -> bool:
+  """A matmul of activations by a stack of weights batched with them (the
+  experts' `egcd,edf->egcf`, a pipeline's stages'): batch dims, one
+  operand that carries the batch and one that does not (the
+  batched-weight-matmuls rule)."""
+  if eqn.primitive.name != "dot_general" or not eqn.params[
+      "dimension_numbers"][1][0]:
+    return False
+  carry = [carries_batch(u.aval.shape) for u in eqn.invars]
+  return any(carry) and not all(carry)
 
 
 def _itemsize(v) -> int:
@@ -990,15 +1026,6 @@ def _slice_readers(body, outer: dict, found: list,
                        {a: gathered[b] for a, b in pairs if b in gathered})
 
 
-def _minor_last(shape: tuple[int, ...]) -> bool:
-  """Whether a TPU argument of this shape is stored with its last dim
-  minor: unless that dim would be padded to the 128-lane tile and the one
-  before it would not, where the compiler stores the array transposed
-  (simulator.memory.tiling picks the least padding the same way)."""
-  return not (len(shape) >= 2 and shape[-1] % TILE_MINOR
-              and not shape[-2] % TILE_MINOR)
-
-
 def sliced_for_update(jaxpr) -> set:
   """The arguments of `jaxpr` it also reads resharded to another layout:
   under ZeRO-1/2 the update runs on this device's slice of a parameter
@@ -1038,11 +1065,9 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
           stacks[key] = (stacks[key][0], i, stacks[key][2])
         continue
       if carries_batch(shape) or rule in ("matmul", "copy") and not (
-          backward and stack in sliced and (rule == "copy"
-                                            or _minor_last(shape))):
+          backward and stack in sliced):
         continue  # activations; for a copy: a forward loop, a stack the
-        # update writes in place (or the program makes), one already stored
-        # transposed
+        # update writes in place (or the program makes)
       if cast is not None:
         hoisted.add(id(cast))
       key = (stack, np.dtype(dtype), rule)
