@@ -268,6 +268,24 @@ CASES: list[Case] = [
          loss_chunks=2),
     Case("llava_mini", "a100:8", "8x1", 64, 768, "full", "adamw", GC,
          train_vision=True),
+    # Held out, a third batch of session 19: 70B over four hosts, names
+    # remat with Adafactor over 4-way TP on A100s, MQA at seq 8192 on H200s,
+    # activation offload on one host, T5 in bf16 with Adafactor, SGD
+    # momentum with dots over two hosts, zero1 bf16-master over TP on
+    # H200s, experts in two micro-batches.
+    Case("llama2_70b", "h100:4x8", "32x1", 64, 4096, "full", "adamw", GC),
+    Case("mistral_7b", "a100:2x8", "4x4", 32, 4096, "names:qkv,mlp_hidden",
+         "adafactor", GC),
+    Case(GEMMA_2B, "h200:8", "8x1", 32, 8192, "full", "adamw", GC),
+    Case("llama3_8b", "h100:8", "8x1", 16, 4096, "offload:qkv", "adamw", GC),
+    Case("t5_large", "a100:8", "8x1", 128, 512, "full", "adafactor", GC,
+         target_seq=256, precision="bf16"),
+    Case(QWEN2_0_5B, "h100:2x8", "16x1", 128, 2048, "dots", "sgd_momentum",
+         GC),
+    Case("llama2_13b", "h200:2x8", "8x2", 32, 4096, "full", "adamw", GC,
+         shard="zero1", precision="bf16_master"),
+    Case("mixtral_mini", "a100:8", "8x1", 32, 2048, "full", "adamw", GC,
+         grad_accum=2),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:
