@@ -128,7 +128,7 @@ class SweepSpec:
       if not isinstance(p, int) or p <= 0 or topo.chips % p:
         raise ValueError(f"pp {p!r} must be a positive divisor of "
                          f"{topo.name}'s {topo.chips} chips")
-    multiple = math.lcm(self.microbatches, self.grad_accum)  # a valid batch
+    multiple = self.whole_micro_batches
     for r in self.remats:
       for s in self.shards:
         for o in self.optimizers:
@@ -140,6 +140,12 @@ class SweepSpec:
       if not any(x * y * p == topo.chips for p in self.pps):
         plan_mesh(topo, x, y)  # its one-line error names the valid meshes
     return cfg, topo
+
+  @property
+  def whole_micro_batches(self) -> int:
+    """The smallest batch (per X shard) that every swept step divides into
+    whole micro-batches: gradient accumulation's and a pipeline's."""
+    return math.lcm(self.microbatches, self.grad_accum)
 
   def settings(self, batch: int, remat: str, shard: str, optimizer: str,
                pp: int = 1) -> TrainSettings:
@@ -276,9 +282,8 @@ class Sweep:
       else:
         plan = plan_mesh(self.topo, c.X, c.Y, P=c.P)
         # Any valid batch: trace_probe replaces it with the probe batch.
-        settings = self.spec.settings(
-            c.X * math.lcm(self.spec.microbatches, self.spec.grad_accum),
-            c.remat, c.shard, c.optimizer, c.P)
+        settings = self.spec.settings(c.X * self.spec.whole_micro_batches,
+                                      c.remat, c.shard, c.optimizer, c.P)
         try:
           with _gc_paused():
             self._estimators[c.trace_key] = self._estimate(c, plan, settings)
