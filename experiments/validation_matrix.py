@@ -95,9 +95,9 @@ def summary(rows: list[dict]) -> list[str]:
                  f"CompileTimeHbmOom): the symbolic estimate says 'does not "
                  f"fit' for {says}; its temporaries vs the bytes XLA said it "
                  f"needed: {errs}")
-  live = [r for r in ok if r["compiled"].get("peak_live_bytes")]
-  taken = [r for r in live if r["compiled"].get("peak_source") == LIVE_SET]
-  live = [r for r in live if r not in taken]
+  rebuilt = [r for r in ok if r["compiled"].get("peak_live_bytes")]
+  taken = [r for r in rebuilt if r["compiled"].get("peak_source") == LIVE_SET]
+  live = [r for r in rebuilt if r["compiled"].get("peak_source") != LIVE_SET]
   if live:
     match = sum(1 for r in live if abs(r["compiled"]["peak_live_bytes"]
                                        / r["compiled"]["peak_bytes"] - 1) < 1e-3)

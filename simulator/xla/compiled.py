@@ -25,8 +25,9 @@ Figures read (per device, bytes):
   peak: `peak_memory_in_bytes` when the backend reports it (> 0: the TPU compiler's
     heap simulation of live HBM buffers over the schedule, arguments included;
     less the host arguments, and on a TPU with host temporaries the dumped
-    HBM live set's, as `memory_figures` says why); otherwise the bound argument + output - alias + temp (every buffer live at once,
-    donated outputs sharing their argument's buffer). Both are kept:
+    HBM live set's, as `memory_figures` says why); otherwise the bound
+    argument + output - alias + temp (every buffer live at once, donated
+    outputs sharing their argument's buffer). Both are kept:
     `peak_bytes` / `peak_source`, and `bound_bytes`.
   cost_analysis(): flops, bytes accessed, optimal_seconds (TPU only).
   collectives: `simulator.xla.hlo_collectives.parse_collectives` on the compiled HLO.
@@ -295,7 +296,8 @@ def memory_figures(c: Compiled, target: str) -> MemoryFigures:
     # (--offload): llama2_7b v5p-8 4x1 with the optimizer offloaded gives
     # 37.230 GiB = the 24.679 GiB its dumped HBM live set holds at the peak
     # + the 12.551 GiB host_argument_size (4x2, params too: 17.477 = 8.063 +
-    # 9.414); host temporaries are not in it. HBM's peak is the difference.
+    # 9.414; there the HBM live set is larger than the host temporaries
+    # plus the HBM arguments: see below). HBM's peak is the difference.
     peak -= host["argument"]
     source = "peak_memory_in_bytes - host_argument_size_in_bytes"
   if host["temp"] and c.xla_peak is not None and target_kind(target) == "tpu":
