@@ -43,8 +43,9 @@ from simulator.tracing.trace import made_by_backward
 Bytes = tuple[int, int]  # (fixed, linear at the traced batch)
 
 
-def _nbytes(aval, local: bool) -> Bytes:
-  if xla_rules.on_host(aval):
+def _nbytes(aval, local: bool, in_hbm: bool = False) -> Bytes:
+  """Its HBM bytes (none in host memory; `in_hbm`: as if copied there)."""
+  if xla_rules.on_host(aval) and not in_hbm:
     return (0, 0)
   shape = xla_rules.shape_of(aval, local)
   n = math.prod(shape) * np.dtype(aval.dtype).itemsize
@@ -125,6 +126,8 @@ class _Plan:
   reads: dict  # equation index -> the buffers its fusion reads
   dead: set  # ids of the equations the dead-code rule removes
   splits: dict  # equation index -> its xla_gpu_rules.SplitMatmul
+  # accumulation loop's index -> the buffers of its initial carry
+  first_micro_batch: dict = dataclasses.field(default_factory=dict)
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
@@ -255,7 +258,12 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
                                        size[eqn.outvars[0]], dying, sms)
     if split is not None:
       splits[i] = split
-  return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits)
+  first_micro_batch = {
+      i: tuple(dict.fromkeys(b for v in xla_rules.first_micro_batch(eqn)
+                             for b in buffers_read(v)))
+      for i, eqn in enumerate(eqns) if xla_rules.accumulation_loop(eqn)}
+  return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits,
+               first_micro_batch)
 
 
 def _inner_order(eqn, order: str) -> str:
@@ -405,10 +413,12 @@ class _Simulation:
       where = _where(eqn)
       other = {}  # the interleaved-micro-batches rule (xla_rules)
       if xla_rules.interleaved_micro_batches(eqn, id(jaxpr) == self.top):
+        done = (0, 0) if self.gpu else functools.reduce(
+            _add, (plan.size[v] for v in plan.first_micro_batch[i]), (0, 0))
         other = {edges: xla_rules.InterleavedMicroBatch(tuple(
             point for sub, sub_local, in_place in calls
             for point in self.between_loops(sub, sub_local, in_place,
-                                            order, edges)), edges)
+                                            order, edges)), edges, done)
                  for edges in ((False, True) if self.gpu else (True,))}
       for f, l, w, path, s in _prune(inner) if inner else ():
         if other:  # the other waits at a loop's edge: on a TPU always, on
@@ -421,6 +431,13 @@ class _Simulation:
       if not inner:
         split = plan.splits.get(i)
         points.append((*at, where, (i,), (split,) if split else ()))
+      relaid = [] if self.gpu else xla_rules.relaid_host_stacks(eqn)
+      if relaid and id(eqn) not in plan.dead:  # before its outputs are made
+        before = functools.reduce(_sub, (plan.size[v] for v in eqn.outvars
+                                         if v not in plan.reuses), at)
+        points.append((*before, where, (i,), (xla_rules.RelaidStack(max(
+            (_nbytes(v.aval, local, in_hbm=True) for v in relaid),
+            key=sum)),)))
     result = _prune(points) if prune else points
     self.points[id(plan)] = result
     return result

@@ -378,6 +378,24 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   output projection's f32[1024,32000]: -4.53% -> +2.37%
                   with the fill and p rules above, which had held their
                   place (without this rule those two take #70 to -11.1%);
+  relaid stacks   the host stacks a backward loop reads into its attention's
+                  loops (remat offload's q, k, v) are relaid out on a TPU
+                  before it runs: XLA copies each to HBM, copies it into the
+                  layout the backward reads and back to host memory, one at a
+                  time, before the loop's gradient stacks are made. In
+                  llama2_13b v5p-128 16x4 offload:qkv (#35): copy-start.2,
+                  copy.760 (bf16[40,2,2048,10,128] {2,4,3,1,0} to
+                  {4,2,3,1,0}), copy-start.3, then the same for a second
+                  stack, before broadcast.143-147 and the backward loop
+                  while.257; in #168 (16x2 b128 grad_accum=2) XLA's peak,
+                  copy.1140, is one of these, beside both residual stacks
+                  and both micro-batches' logits. So before such a loop two
+                  HBM copies of the largest are held: #168 -9.22% -> +2.45%
+                  (it was +1.00% while the interleaved rule counted the
+                  other micro-batch twice), #34, #35, #179 unmoved (their
+                  peaks are in the backward loop), and the deferred bound
+                  of #122 +24.21% -> +38.72%, #137 +20.66% -> +28.99%
+                  (their traced schedules -0.17%, -0.89%);
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
@@ -494,7 +512,23 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   anywhere outside its loops, #158, #159, #161-#163
                   +33.12%, +18.06%, +5.38%, +29.76%, +23.80%; after the
                   edges were read, #164-#169 +6.07%, +19.11%, +11.96%,
-                  +36.54%, +1.00%, +1.99%. With three or more micro-batches the
+                  +36.54%, +1.00%, +1.99%. The other is waiting or done,
+                  never both: on a TPU its gradients, the accumulation's
+                  initial carry, are made only as it finishes, so what it
+                  holds waiting counts beyond them (held-out #159, llama2_7b
+                  v5e-16 8x2 b32 grad_accum=2: ENTRY runs both forward loops
+                  while.904 and .902, both losses, then one backward loop,
+                  while.899, its f32 gradient carries broadcast.420-424
+                  .clone made just before it, then the other's, while.896,
+                  where XLA's peak, fusion.839, holds the first's finished
+                  gradient stacks beside the second's carries; +18.06% ->
+                  +2.25%, #140 +28.42% -> +19.31%, #162 +29.76% -> +14.72%,
+                  #163 +23.80% -> +11.15%). On a GPU the loops' gradient
+                  outputs are zero-filled at the step's start, so waiting it
+                  holds them too (#63's peak, loop_convert_fusion.18: both
+                  residual stacks and two sets of f32[40,320,6912] gradient
+                  stacks, broadcast.154; -9.26% if counted once). With
+                  three or more micro-batches the
                   loop stays a loop and runs after the first (GPU #56 and
                   TPU #64, grad_accum=4: -0.50%, +1.13%).
 """
@@ -560,6 +594,7 @@ class InterleavedMicroBatch:
 
   between: tuple[tuple[int, int, tuple], ...]
   edges: bool
+  done: tuple[int, int] = (0, 0)  # its bytes when it has run whole
 
   @property
   def label(self) -> str:
@@ -567,9 +602,14 @@ class InterleavedMicroBatch:
     return f"the other micro-batch, waiting {where} (interleaved)"
 
   def extra(self, num: int, den: int) -> int:
-    return max((f + l // den * num + l % den * num // den
-                + sum(s.extra(num, den) for s in splits)
-                for f, l, splits in self.between), default=0)
+    """What it holds waiting beyond what it holds done (its gradients, the
+    loop's initial carry, which the step's live set already counts: the
+    first micro-batch is either done or waiting, never both)."""
+    def at(f: int, l: int) -> int:
+      return f + l // den * num + l % den * num // den
+    waiting = max((at(f, l) + sum(s.extra(num, den) for s in splits)
+                   for f, l, splits in self.between), default=0)
+    return max(0, waiting - at(*self.done))
 
 
 def accumulation_loop(eqn) -> bool:
@@ -577,6 +617,56 @@ def accumulation_loop(eqn) -> bool:
   the micro-batches after the first, scope models.scopes.ACCUMULATION)."""
   return (eqn.primitive.name == "scan" and scopes.ACCUMULATION
           in scopes.scopes_of(eqn.source_info.name_stack))
+
+
+def first_micro_batch(eqn) -> list:
+  """The accumulation loop's initial carry: what the first micro-batch
+  leaves it (its loss and gradients), made before the loop."""
+  start = eqn.params["num_consts"]
+  return eqn.invars[start:start + eqn.params["num_carry"]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RelaidStack:
+  """The relaid-stacks rule at a backward loop: two HBM copies of
+  the largest host stack it reads that XLA relays out first (`bytes`:
+  fixed, linear at the traced batch)."""
+
+  bytes: tuple[int, int]
+  label = "an offloaded stack copied to HBM and relaid out (relaid stacks)"
+
+  def extra(self, num: int, den: int) -> int:
+    f, l = self.bytes
+    return 2 * (f + l // den * num + l % den * num // den)
+
+
+def relaid_host_stacks(eqn) -> list:
+  """The relaid-stacks rule: the host-memory stacks a backward
+  loop reads into its attention's loops (remat offload's q, k, v)."""
+  if not (runs_whole(eqn) and made_by_backward(eqn)):
+    return []
+  body = _subjaxprs(eqn)[0]
+  return [v for v, b in zip(eqn.invars, body.invars)
+          if isinstance(v, jcore.Var) and on_host(v.aval)
+          and _read_by_loop(body, b)]
+
+
+def _read_by_loop(jaxpr, v) -> bool:
+  """Whether `v` reaches a loop of `jaxpr` (or of what it calls) through
+  moves alone: views, transfers, reshapes and transposes."""
+  for e in jaxpr.eqns:
+    if not any(u is v for u in e.invars):
+      continue
+    if is_loop(e):
+      return True
+    if e.primitive.name in ("device_put", "transpose", "reshape") or is_view(e):
+      if any(_read_by_loop(jaxpr, w) for w in e.outvars):
+        return True
+    for sub in _subjaxprs(e):
+      if any(_read_by_loop(sub, s) for u, s in zip(e.invars, sub.invars)
+             if u is v):
+        return True
+  return False
 
 
 def interleaved_micro_batches(eqn, top: bool) -> bool:
