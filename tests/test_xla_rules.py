@@ -360,19 +360,25 @@ def test_a_weight_stack_cast_in_both_loops_is_cast_once_outside():
     ((6, 128, 256), False, False)])
 def test_a_backward_loop_copies_a_weight_argument_to_the_transposed_layout(
     shape, sliced, copied):
-  """Only in the backward loop, only for an argument read directly whose
+  """Only for the backward loop, only for an argument read directly whose
   layout the step fixes (laid out anew over X for its update), also when
   the argument is stored transposed (last dim padded: held-out #196's wi
-  and wi_gate, [32,4096,2752]{1,2,0}, copy.520/521)."""
+  and wi_gate, [32,4096,2752]{1,2,0}, copy.520/521); made where the
+  argument is first read, the forward loop here (held-out #178: copy.575-577
+  at the head of ENTRY, read by both loops)."""
   ws = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
   j = _two_loops(ws, cast=False, sliced=sliced).jaxpr
   stacks, _ = xla_rules.hoisted_stacks(j, False)
   matmul = [v for k, v in stacks.items() if k[2] == "matmul"]
   assert bool(matmul) == copied
   if copied:
-    backward = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"
-                and "transpose(" in str(e.source_info.name_stack)]
-    assert [(f, l) for f, l, _ in matmul] == [(backward[0], backward[0])]
+    loops = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"]
+    backward = [i for i in loops
+                if "transpose(" in str(j.eqns[i].source_info.name_stack)]
+    first = min(i for i, e in enumerate(j.eqns)
+                if any(v is j.invars[0] for v in e.invars))
+    assert first == loops[0] < backward[0]
+    assert [(f, l) for f, l, _ in matmul] == [(first, backward[0])]
 
 
 @pytest.mark.parametrize("shape", [(6, 128, 256), (6, 128, 200)])

@@ -125,8 +125,15 @@ off (buffers live at the peak: `python -m experiments.validate ...
   weights         weight argument directly (no gather, no cast: stored in
                   the compute dtype) that the update reads resharded to
                   this device's slice (ZeRO-1/2, as for copied cast weights
-                  below) is given a copy of the whole stack, made before the
-                  loop (at the peak of llama2_7b v5p-32 8x2 zero1 bf16:
+                  below) is given a copy of the whole stack, made where the
+                  argument is first read, and every loop reads the copy
+                  (gemma-2b v5e-16 4x4 zero2 bf16, held-out #178: copy.575-
+                  577 of param.27-29 at the head of ENTRY, read by the
+                  forward loop while.318 and the backward loop while.315,
+                  live at XLA's peak in the loss, fusion.313; the traced
+                  schedule -15.73% -> -2.53%, the copy of the tied
+                  embedding, copy.579, the rest) (at the peak of llama2_7b
+                  v5p-32 8x2 zero1 bf16:
                   copy.518-525 of every bf16 layer stack, in its own layout,
                   in the backward loop's tuple and read by the update
                   fusion.253, beside the gradient stacks in the transposed
@@ -1136,6 +1143,11 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   stacks: dict = {}
   hoisted: set = set()
   sliced = sliced_for_update(jaxpr)
+  first_read: dict = {}  # an argument's first reader: a copy is made there
+  for i, eqn in enumerate(jaxpr.eqns):
+    for v in eqn.invars:
+      if isinstance(v, jcore.Var):
+        first_read.setdefault(v, i)
   for i, eqn in enumerate(jaxpr.eqns):
     if eqn.primitive.name != "scan":
       continue
@@ -1162,7 +1174,7 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
         hoisted.add(id(cast))
       key = (stack, np.dtype(dtype), rule)
       first = (stacks.get(key, (i,))[0] if rule in ("cast", "gathered")
-               else i)
+               else first_read.get(stack, i) if rule == "matmul" else i)
       stacks[key] = (first, i, (math.prod(shape) * np.dtype(dtype).itemsize,
                                 0))
   return stacks, hoisted
