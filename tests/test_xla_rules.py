@@ -365,7 +365,8 @@ def test_a_backward_loop_copies_a_weight_argument_to_the_transposed_layout(
   the argument is stored transposed (last dim padded: held-out #196's wi
   and wi_gate, [32,4096,2752]{1,2,0}, copy.520/521); made where the
   argument is first read, the forward loop here (held-out #178: copy.575-577
-  at the head of ENTRY, read by both loops)."""
+  at the head of ENTRY, read by both loops), held to its last reader, the
+  reshard for the update (#178's update reads the copy)."""
   ws = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
   j = _two_loops(ws, cast=False, sliced=sliced).jaxpr
   stacks, _ = xla_rules.hoisted_stacks(j, False)
@@ -375,10 +376,11 @@ def test_a_backward_loop_copies_a_weight_argument_to_the_transposed_layout(
     loops = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"]
     backward = [i for i in loops
                 if "transpose(" in str(j.eqns[i].source_info.name_stack)]
-    first = min(i for i, e in enumerate(j.eqns)
-                if any(v is j.invars[0] for v in e.invars))
-    assert first == loops[0] < backward[0]
-    assert [(f, l) for f, l, _ in matmul] == [(first, backward[0])]
+    readers = [i for i, e in enumerate(j.eqns)
+               if any(v is j.invars[0] for v in e.invars)]
+    assert readers[0] == loops[0] < backward[0] < readers[-1]
+    assert j.eqns[readers[-1]].primitive.name == "reshard"
+    assert [(f, l) for f, l, _ in matmul] == [(readers[0], readers[-1])]
 
 
 @pytest.mark.parametrize("shape", [(6, 128, 256), (6, 128, 200)])
@@ -388,8 +390,9 @@ def test_a_backward_loop_copies_a_cast_weight_argument_in_its_own_layout(
   """A stored-f32 stack each slice of which is cast before its matmuls,
   and which the update reads resharded to a slice (ZeRO-1/2), gets for the
   backward loop alone a copy in its own dtype and layout (stored transposed
-  or not), beside the bf16 cast made once for both loops; a stack the
-  update writes in place (no slice read) gets none."""
+  or not), beside the bf16 cast made once for both loops, held to the
+  argument's last reader (#29's update reads its copy); a stack the update
+  writes in place (no slice read) gets none."""
   ws = jax.ShapeDtypeStruct(shape, jnp.float32)
   j = _two_loops(ws, cast=True).jaxpr
   monkeypatch.setattr(xla_rules, "sliced_for_update",
@@ -398,9 +401,10 @@ def test_a_backward_loop_copies_a_cast_weight_argument_in_its_own_layout(
   copies = [v for k, v in stacks.items() if k[2] == "copy"]
   backward = [i for i, e in enumerate(j.eqns) if e.primitive.name == "scan"
               and "transpose(" in str(e.source_info.name_stack)]
+  last = max(i for i, e in enumerate(j.eqns)
+             if any(v is j.invars[0] for v in e.invars))
   assert [(f, l, b) for f, l, b in copies] == ([
-      (backward[0], backward[0], (math.prod(shape) * 4, 0))] if sliced
-                                               else [])
+      (backward[0], last, (math.prod(shape) * 4, 0))] if sliced else [])
   assert not [k for k in stacks if k[2] == "matmul"]
 
 

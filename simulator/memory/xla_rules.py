@@ -132,7 +132,16 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   forward loop while.318 and the backward loop while.315,
                   live at XLA's peak in the loss, fusion.313; the traced
                   schedule -15.73% -> -2.53%, the copy of the tied
-                  embedding, copy.579, the rest) (at the peak of llama2_7b
+                  embedding, copy.579, the rest) and held to the last
+                  reader, the update (multiply_add_fusion.18 reads
+                  copy.576), so with two micro-batches the second one's
+                  backward reads the same copy (held-out #202, llama2_7b
+                  v4-64 8x4 zero1 bf16 grad_accum=2: one set of copied
+                  [32,4096,2752] stacks at XLA's peak beside both
+                  micro-batches' gradient stacks; -18.57% -> +2.45%, as
+                  the copy had died with the first micro-batch's backward
+                  loop; the copied-cast-weights rule's copies the same,
+                  #29's read by the update fusion.246) (at the peak of llama2_7b
                   v5p-32 8x2 zero1 bf16:
                   copy.518-525 of every bf16 layer stack, in its own layout,
                   in the backward loop's tuple and read by the update
@@ -1144,10 +1153,12 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
   hoisted: set = set()
   sliced = sliced_for_update(jaxpr)
   first_read: dict = {}  # an argument's first reader: a copy is made there
+  last_read: dict = {}  # and its last, the update: every reader reads it
   for i, eqn in enumerate(jaxpr.eqns):
     for v in eqn.invars:
       if isinstance(v, jcore.Var):
         first_read.setdefault(v, i)
+        last_read[v] = i
   for i, eqn in enumerate(jaxpr.eqns):
     if eqn.primitive.name != "scan":
       continue
@@ -1175,8 +1186,9 @@ def hoisted_stacks(jaxpr, local: bool) -> tuple[dict, set]:
       key = (stack, np.dtype(dtype), rule)
       first = (stacks.get(key, (i,))[0] if rule in ("cast", "gathered")
                else first_read.get(stack, i) if rule == "matmul" else i)
-      stacks[key] = (first, i, (math.prod(shape) * np.dtype(dtype).itemsize,
-                                0))
+      last = last_read.get(stack, i) if rule in ("matmul", "copy") else i
+      stacks[key] = (first, last, (math.prod(shape)
+                                   * np.dtype(dtype).itemsize, 0))
   return stacks, hoisted
 
 
