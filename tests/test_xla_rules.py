@@ -845,7 +845,8 @@ def test_offloaded_attention_stacks_are_relaid_before_the_backward(names,
   """The relaid-stacks rule: of the host stacks remat offload saves, the
   backward layer loop's q, k, v (read by its attention's loops) are relaid
   out through HBM before it runs, two copies of the largest at once, on a
-  TPU; attn_out and mlp_hidden (read by matmuls) are not."""
+  TPU, anywhere after the loss's last equation (held at each of those
+  points); attn_out and mlp_hidden (read by matmuls) are not."""
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   traced = trace_probe(load_model("tiny"), TrainSettings(
       batch=8, seq=64, remat=f"offload:{names}"), abstract_mesh(plan))
@@ -860,3 +861,15 @@ def test_offloaded_attention_stacks_are_relaid_before_the_backward(names,
   one = max((math.prod(device_shape(v.aval)) * v.aval.dtype.itemsize
              for v in stacks), default=0)
   assert {r.extra(1, 1) for r in rules} == ({2 * one} if loops else set())
+  eqns = traced.jaxpr.jaxpr.eqns
+  for loop in loops:
+    at = eqns.index(loop)
+    stretch = xla_rules.relay_stretch(eqns, at)
+    assert stretch.stop == at and scopes.LOSS in scopes.scopes_of(
+        eqns[stretch.start - 1].source_info.name_stack)
+    assert len(stretch) > 0 and not any(
+        scopes.LOSS in scopes.scopes_of(eqns[k].source_info.name_stack)
+        for k in stretch)
+  held = [i for i, ss in estimate.points.splits.items()
+          if any(isinstance(s, xla_rules.RelaidStack) for s in ss)]
+  assert len(held) > len(set(estimate.points.order)) * len(loops) or not loops

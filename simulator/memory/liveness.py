@@ -397,6 +397,7 @@ class _Simulation:
     if id(plan) in self.points:
       return self.points[id(plan)]
     points = []
+    ats: list = []  # each equation's live bytes while it runs, so far
     for i, eqn, at in self._at_each(plan):
       inner = []
       calls = [] if id(eqn) in plan.dead else xla_rules.calls(eqn, local)
@@ -432,12 +433,16 @@ class _Simulation:
         split = plan.splits.get(i)
         points.append((*at, where, (i,), (split,) if split else ()))
       relaid = [] if self.gpu else xla_rules.relaid_host_stacks(eqn)
-      if relaid and id(eqn) not in plan.dead:  # before its outputs are made
+      if relaid and id(eqn) not in plan.dead:  # after the loss, before the
+        # loop's outputs are made
+        rule = xla_rules.RelaidStack(max(
+            (_nbytes(v.aval, local, in_hbm=True) for v in relaid), key=sum))
         before = functools.reduce(_sub, (plan.size[v] for v in eqn.outvars
                                          if v not in plan.reuses), at)
-        points.append((*before, where, (i,), (xla_rules.RelaidStack(max(
-            (_nbytes(v.aval, local, in_hbm=True) for v in relaid),
-            key=sum)),)))
+        points += [(*ats[k], _where(plan.jaxpr.eqns[k]), (k,), (rule,))
+                   for k in xla_rules.relay_stretch(plan.jaxpr.eqns, i)]
+        points.append((*before, where, (i,), (rule,)))
+      ats.append(at)
     result = _prune(points) if prune else points
     self.points[id(plan)] = result
     return result

@@ -405,13 +405,22 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   stack, before broadcast.143-147 and the backward loop
                   while.257; in #168 (16x2 b128 grad_accum=2) XLA's peak,
                   copy.1140, is one of these, beside both residual stacks
-                  and both micro-batches' logits. So before such a loop two
-                  HBM copies of the largest are held: #168 -9.22% -> +2.45%
-                  (it was +1.00% while the interleaved rule counted the
-                  other micro-batch twice), #34, #35, #179 unmoved (their
-                  peaks are in the backward loop), and the deferred bound
-                  of #122 +24.21% -> +38.72%, #137 +20.66% -> +28.99%
-                  (their traced schedules -0.17%, -0.89%);
+                  and both micro-batches' logits. Where between the loss
+                  and the loop is the scheduler's choice (#35: after the
+                  output projection's gradient; held-out #205, llama2_7b
+                  v5p-64 8x4 offload:qkv,mlp_hidden grad_accum=2: copy.1297
+                  while the final norm's f32 gradient is live), so two HBM
+                  copies of the largest are held at each point after the
+                  loss's last equation up to the loop: #168 -9.22% ->
+                  +2.99% (it was +1.00% while the interleaved rule counted
+                  the other micro-batch twice), #205 -5.72% (held at the
+                  loop alone) -> -4.09%, #179 -2.47% -> +1.18%, #34, #35
+                  unmoved (their peaks are in the backward loop), and the
+                  deferred bound of #122 +24.21% -> +46.79%, #137 +20.66%
+                  -> +32.02% and #198 (llama3_8b 16x4, whose dump shows no
+                  relayout) +45.40% (their traced schedules -0.17%, -0.89%,
+                  +1.72%); which stacks XLA relays (#35: two of q, k, v;
+                  #198: none) is not derived: the largest is held;
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
@@ -665,6 +674,16 @@ def relaid_host_stacks(eqn) -> list:
   return [v for v, b in zip(eqn.invars, body.invars)
           if isinstance(v, jcore.Var) and on_host(v.aval)
           and _read_by_loop(body, b)]
+
+
+def relay_stretch(eqns, loop: int) -> range:
+  """The equations before the backward loop at `loop` during which the
+  relaid-stacks rule's copies can be made: after the last equation of the
+  loss (XLA schedules them there: #35 after the output projection's
+  gradient, #205 while the final norm's gradient is live)."""
+  loss = [k for k in range(loop) if scopes.LOSS in scopes.scopes_of(
+      eqns[k].source_info.name_stack)]
+  return range(loss[-1] + 1 if loss else loop, loop)
 
 
 def _read_by_loop(jaxpr, v) -> bool:
