@@ -861,6 +861,7 @@ def test_offloaded_attention_stacks_are_relaid_before_the_backward(names,
   one = max((math.prod(device_shape(v.aval)) * v.aval.dtype.itemsize
              for v in stacks), default=0)
   assert {r.extra(1, 1) for r in rules} == ({2 * one} if loops else set())
+  assert {r.dtype for r in rules} <= {"bfloat16"}  # the stack's, reported
   eqns = traced.jaxpr.jaxpr.eqns
   for loop in loops:
     at = eqns.index(loop)

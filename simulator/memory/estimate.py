@@ -434,10 +434,11 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
     live.append(Contributor(buf.where, rescale(buf.shape, batch,
                                                 traced_batch),
                             buf.dtype, b, category))
+  dtypes = points.extra_dtypes(index) if index >= 0 else {}
   for what, extra in points.extras(index, batch, traced_batch).items():
     at_peak["temporaries"] += extra  # the point-wise rules' bytes there, net
-    live.append(Contributor(f"{points.where[index]}: {what}", (), "float32",
-                            extra, "temporaries"))
+    live.append(Contributor(f"{points.where[index]}: {what}", (),
+                            dtypes[what], extra, "temporaries"))
   comparable = arguments + transient
   totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
   totals["peak"] = peak = comparable + totals["overhead"]

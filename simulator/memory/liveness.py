@@ -435,8 +435,10 @@ class _Simulation:
       relaid = [] if self.gpu else xla_rules.relaid_host_stacks(eqn)
       if relaid and id(eqn) not in plan.dead:  # after the loss, before the
         # loop's outputs are made
-        rule = xla_rules.RelaidStack(max(
-            (_nbytes(v.aval, local, in_hbm=True) for v in relaid), key=sum))
+        largest = max(relaid, key=lambda v: sum(
+            _nbytes(v.aval, local, in_hbm=True)))
+        rule = xla_rules.RelaidStack(_nbytes(largest.aval, local, in_hbm=True),
+                                     str(largest.aval.dtype))
         before = functools.reduce(_sub, (plan.size[v] for v in eqn.outvars
                                          if v not in plan.reuses), at)
         points += [(*ats[k], _where(plan.jaxpr.eqns[k]), (k,), (rule,))
@@ -623,6 +625,11 @@ class Points:
       if extra:
         out[i] = extra
     return out
+
+  def extra_dtypes(self, index: int) -> dict[str, str]:
+    """{what: dtype} of the point-wise rules' bytes at point `index`
+    (`extras`'s keys)."""
+    return {s.label: s.dtype for s in self.splits.get(index, ())}
 
   def extras(self, index: int, num: int, den: int) -> dict[str, int]:
     """{what: bytes} the point-wise rules add at point `index` at batch scale

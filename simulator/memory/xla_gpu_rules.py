@@ -660,6 +660,7 @@ class SplitMatmul:
   dying: tuple[tuple[int, int], ...]  # buffers only the matmul still reads
   sms: Sms
   label = "split-K partials and padded operands (net)"
+  dtype = "float32"  # the partials' (the padded operands are the GEMM's)
 
   def split_at(self, num: int, den: int) -> tuple[tuple[int, ...], int]:
     """(b, m, n, k) at batch scale num/den and the split XLA picks."""

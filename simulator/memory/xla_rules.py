@@ -620,6 +620,7 @@ class InterleavedMicroBatch:
   between: tuple[tuple[int, int, tuple], ...]
   edges: bool
   done: tuple[int, int] = (0, 0)  # its bytes when it has run whole
+  dtype = "mixed"  # whatever the other micro-batch holds
 
   @property
   def label(self) -> str:
@@ -658,6 +659,7 @@ class RelaidStack:
   fixed, linear at the traced batch)."""
 
   bytes: tuple[int, int]
+  dtype: str = "bfloat16"  # the stack's
   label = "an offloaded stack copied to HBM and relaid out (relaid stacks)"
 
   def extra(self, num: int, den: int) -> int:
