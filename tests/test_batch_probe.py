@@ -9,6 +9,7 @@ roofline trace once per mesh.
 import dataclasses
 
 import jax
+import numpy as np
 import pytest
 
 from meshes.layout import abstract_mesh, plan_mesh
@@ -97,3 +98,14 @@ def test_no_model_dimension_is_a_probe_multiple():
                     head_dim=32)
   with pytest.raises(ValueError, match="2000006 is a multiple of the probe"):
     batch_probe.probe_settings(cfg, TrainSettings(batch=2, seq=16), 4)
+
+
+def test_bytes_at_is_the_exact_floor_of_the_scaled_bytes_in_int64():
+  """Fixed + floor(linear * num / den), also where linear * num overflows
+  int64 (llama2_70b's probe-batch bytes at b1024)."""
+  linear, num, den = 9_050_000_000_000_007, 1024, 1_000_003
+  exact = 7 + linear * num // den
+  assert batch_probe.bytes_at(7, linear, num, den) == exact
+  assert batch_probe.bytes_at(np.array([7]), np.array([linear]), num,
+                              den)[0] == exact
+  assert np.array([linear]) * num < 0  # the plain product overflows

@@ -37,7 +37,7 @@ from jax.extend import core as jcore
 from models.scopes import in_backward, scopes_of
 from simulator.memory import xla_gpu_rules, xla_rules
 from simulator.tracing import loops
-from simulator.tracing.batch_probe import carries_batch
+from simulator.tracing.batch_probe import bytes_at, carries_batch
 from simulator.tracing.trace import made_by_backward
 
 Bytes = tuple[int, int]  # (fixed, linear at the traced batch)
@@ -435,10 +435,9 @@ class _Simulation:
       relaid = [] if self.gpu else xla_rules.relaid_host_stacks(eqn)
       if relaid and id(eqn) not in plan.dead:  # after the loss, before the
         # loop's outputs are made
-        largest = max(relaid, key=lambda v: sum(
-            _nbytes(v.aval, local, in_hbm=True)))
-        rule = xla_rules.RelaidStack(_nbytes(largest.aval, local, in_hbm=True),
-                                     str(largest.aval.dtype))
+        rule = xla_rules.RelaidStack(*max(
+            ((_nbytes(v.aval, local, in_hbm=True), str(v.aval.dtype))
+             for v in relaid), key=lambda b: sum(b[0])))
         before = functools.reduce(_sub, (plan.size[v] for v in eqn.outvars
                                          if v not in plan.reuses), at)
         points += [(*ats[k], _where(plan.jaxpr.eqns[k]), (k,), (rule,))
@@ -609,8 +608,7 @@ class Points:
     num / den), exact in int64 (linear at the probe batch times a large
     batch overflows it: llama2_70b b1024, 9.05e15 * 1024); with the
     point-wise rules' bytes at that batch (`split_bytes`)."""
-    out = (self.fixed + self.linear // den * num
-           + self.linear % den * num // den)
+    out = bytes_at(self.fixed, self.linear, num, den)
     for i, extra in self.split_bytes(num, den).items():
       out[i] += extra
     return out

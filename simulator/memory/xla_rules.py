@@ -569,7 +569,8 @@ from jax.extend import core as jcore
 
 from models import scopes
 from simulator.tracing import loops, mesh_class
-from simulator.tracing.batch_probe import carries_batch, matmul_kind
+from simulator.tracing.batch_probe import (bytes_at, carries_batch,
+                                            matmul_kind)
 from simulator.tracing.program import subjaxprs
 from simulator.step import device_shape
 from simulator.tracing.trace import (VIEW_OPS, fusible, layout_of,
@@ -631,11 +632,10 @@ class InterleavedMicroBatch:
     """What it holds waiting beyond what it holds done (its gradients, the
     loop's initial carry, which the step's live set already counts: the
     first micro-batch is either done or waiting, never both)."""
-    def at(f: int, l: int) -> int:
-      return f + l // den * num + l % den * num // den
-    waiting = max((at(f, l) + sum(s.extra(num, den) for s in splits)
+    waiting = max((bytes_at(f, l, num, den)
+                   + sum(s.extra(num, den) for s in splits)
                    for f, l, splits in self.between), default=0)
-    return max(0, waiting - at(*self.done))
+    return max(0, waiting - bytes_at(*self.done, num, den))
 
 
 def accumulation_loop(eqn) -> bool:
@@ -663,8 +663,7 @@ class RelaidStack:
   label = "an offloaded stack copied to HBM and relaid out (relaid stacks)"
 
   def extra(self, num: int, den: int) -> int:
-    f, l = self.bytes
-    return 2 * (f + l // den * num + l % den * num // den)
+    return 2 * bytes_at(*self.bytes, num, den)
 
 
 def relaid_host_stacks(eqn) -> list:

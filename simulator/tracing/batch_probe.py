@@ -49,6 +49,13 @@ def rescale(shape, batch: int, probe_batch: int) -> tuple[int, ...]:
                for d in shape)
 
 
+def bytes_at(fixed, linear, num: int, den: int):
+  """Fixed + linear probe-batch bytes at batch scale num/den: fixed +
+  floor(linear * num / den), exact in int64 (numpy arrays too: linear at the
+  probe batch times a large batch overflows it)."""
+  return fixed + linear // den * num + linear % den * num // den
+
+
 def check_config(cfg: ModelConfig, *seqs: int) -> None:
   dims = [v for v in dataclasses.astuple(cfg) if isinstance(v, int)
           and not isinstance(v, bool)] + list(seqs)
