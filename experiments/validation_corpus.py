@@ -533,4 +533,30 @@ CASES: list[Case] = [
          grad_accum=2),
     Case("llama2_7b", "v5p-64", "8x4", 128, 4096, "offload:qkv,mlp_hidden",
          "adamw", C, grad_accum=2),
+    # Held out, session 21, compiled with no rule changed since session 20:
+    # zero1/zero2/dp with bf16 and bf16_master on v5e, v6e and v5p, offload
+    # at seq 8192, 70B with dots, MQA with materialized attention, chunked
+    # loss with names:attn_out on v4, an MoE and T5 on v6e/v5e, AdamW with
+    # bf16 moments and 8-bit AdamW.
+    Case("llama2_7b", "v5e-64", "16x4", 32, 2048, "dots", "adamw", C,
+         shard="zero1", precision="bf16"),
+    Case("llama2_13b", "v6e-32", "8x4", 16, 4096, "names:qkv,mlp_hidden",
+         "adafactor", C, shard="zero2", precision="bf16_master"),
+    Case("mistral_7b", "v5p-64", "32x1", 128, 8192, "offload:qkv,mlp_hidden",
+         "adamw", C),
+    Case("llama2_70b", "v5p-256", "32x4", 128, 4096, "dots", "adamw", C),
+    Case(GEMMA_2B, "v6e-16", "16x1", 32, 4096, "full", "adamw", C,
+         attention="materialized"),
+    Case("llama3_8b", "v4-64", "16x2", 64, 2048, "names:attn_out", "adamw", C,
+         loss_chunks=4),
+    Case(QWEN2_0_5B, "v5e-8", "8x1", 64, 2048, "full", "adafactor", C,
+         shard="dp", precision="bf16"),
+    Case("mixtral_mini", "v6e-16", "8x2", 256, 2048, "dots", "adamw", C),
+    Case("llama2_7b", "v5p-16", "8x1", 8, 2048, "full", "sgd_momentum", C,
+         shard="dp"),
+    Case("t5_large", "v5e-32", "32x1", 1024, 512, "full", "adamw", C,
+         target_seq=128),
+    Case("llama3_8b", "v5e-32", "8x4", 32, 4096, "offload:qkv",
+         "adamw_bf16_mu", C),
+    Case("mistral_7b", "v6e-64", "16x4", 256, 4096, "full", "adamw_8bit", C),
 ]
