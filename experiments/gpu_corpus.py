@@ -300,6 +300,28 @@ CASES: list[Case] = [
          shard="dp", precision="bf16"),
     Case("t5_large", "h100:8", "4x2", 64, 512, "dots", "adamw", GC,
          target_seq=128),
+    # Held out, compiled in session 21 with no rule changed: zero2 bf16 on
+    # A100s, offload over two H200 hosts, 70B with dots over eight hosts,
+    # materialized attention on an A100, attn_out remat with a 4-chunk
+    # loss at seq 8192, an MoE over TP, T5 on H200s, two micro-batches
+    # over TP, bf16 Adam moments, MQA with dots over four hosts.
+    Case("llama2_7b", "a100:2x8", "8x2", 64, 2048, "full", "adamw", GC,
+         shard="zero2", precision="bf16"),
+    Case("llama3_8b", "h200:2x8", "16x1", 128, 4096, "offload:qkv,mlp_hidden",
+         "adamw", GC),
+    Case("llama2_70b", "h100:8x8", "16x4", 32, 4096, "dots", "adamw", GC),
+    Case(QWEN2_0_5B, "a100:8", "8x1", 32, 4096, "full", "adamw", GC,
+         attention="materialized"),
+    Case("mistral_7b", "h200:8", "4x2", 32, 8192, "names:attn_out", "adamw",
+         GC, loss_chunks=4),
+    Case("mixtral_mini", "h100:2x8", "8x2", 256, 2048, "dots", "adamw", GC),
+    Case("t5_large", "h200:8", "8x1", 1024, 512, "full", "adamw", GC,
+         target_seq=128),
+    Case("llama3_8b", "h200:2x8", "8x2", 64, 4096, "full", "adamw", GC,
+         grad_accum=2),
+    Case("llama2_13b", "a100:2x8", "16x1", 32, 2048, "full", "adamw_bf16_mu",
+         GC),
+    Case(GEMMA_2B, "h100:4x8", "16x2", 64, 4096, "dots", "adafactor", GC),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
@@ -98,9 +100,11 @@ def test_shape_bytes():
   assert H.shape_bytes("(bf16[2,3]{1,0}, f32[4]{0}, s32[])") == 12 + 16 + 4
 
 
-def _figures(host_argument: int, host_temp: int, live: int | None):
-  """memory_figures of a fake TPU compile: #179's figures (llama2_13b
-  v6e-64 16x4 offload:qkv,mlp_hidden), or what `host_*` says instead."""
+def _figures(host_argument: int, host_temp: int, live: int | None,
+             target: str = "v6e-64"):
+  """memory_figures of a fake compile for `target`: #179's figures
+  (llama2_13b v6e-64 16x4 offload:qkv,mlp_hidden), or what `host_*` says
+  instead."""
   import types
   from simulator.xla import compiled, xla_peak
   args, temp = 2441346048, 3660169216
@@ -113,18 +117,19 @@ def _figures(host_argument: int, host_temp: int, live: int | None):
   fake = types.SimpleNamespace(
       compiled=types.SimpleNamespace(memory_analysis=lambda: mem),
       xla_peak=xla_peak.XlaPeak(live, 0, "copy.632", ()))
-  return compiled.memory_figures(fake, "v6e-64")
+  return compiled.memory_figures(fake, target)
 
 
-def test_tpu_peak_with_host_temporaries_is_the_hbm_live_set():
-  """The TPU compiler's peak_memory_in_bytes takes the HBM arguments plus
-  the host temporaries where those are more than the HBM live set (#137,
-  #179): HBM's peak is then the dumped live set's."""
+@pytest.mark.parametrize("target", ["v6e-64", "h200:2x8"])
+def test_peak_with_host_temporaries_is_the_hbm_live_set(target):
+  """The compiler's peak_memory_in_bytes takes the HBM arguments plus the
+  host temporaries where those are more than the HBM live set (TPU #137,
+  #179; XLA:GPU #124): HBM's peak is then the dumped live set's."""
   from simulator.xla import compiled
   live = 5882926560
-  fig = _figures(0, 4781506560, live)  # #179: 7222876832 reported
+  fig = _figures(0, 4781506560, live, target)  # #179: 7222876832 reported
   assert (fig.peak_bytes, fig.peak_source) == (live, compiled.LIVE_SET)
-  assert _figures(0, 0, live).peak_source == "peak_memory_in_bytes"
+  assert _figures(0, 0, live, target).peak_source == "peak_memory_in_bytes"
   # Host arguments (--offload=optimizer) are taken off the reported peak.
   fig = _figures(12551000000, 0, live)
   assert fig.peak_bytes == live and "host_argument" in fig.peak_source

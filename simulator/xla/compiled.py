@@ -300,14 +300,17 @@ def memory_figures(c: Compiled, target: str) -> MemoryFigures:
     # plus the HBM arguments: see below). HBM's peak is the difference.
     peak -= host["argument"]
     source = "peak_memory_in_bytes - host_argument_size_in_bytes"
-  if host["temp"] and c.xla_peak is not None and target_kind(target) == "tpu":
-    # With temporaries in host memory (remat offload), the TPU compiler's
-    # peak is the larger of the HBM live set and the HBM arguments plus the
-    # host temporaries: llama3_8b v4-32 8x2 b32 s8192 offload:qkv,mlp_hidden
+  if host["temp"] and c.xla_peak is not None:
+    # With temporaries in host memory (remat offload), the compiler's peak
+    # is the larger of the HBM live set and the HBM arguments plus the host
+    # temporaries. TPU: llama3_8b v4-32 8x2 b32 s8192 offload:qkv,mlp_hidden
     # (#137) gives 25.610 GiB = 5.610 arguments + 20.000 host_temp, its
     # dumped HBM live set 20.642; llama2_13b v6e-64 16x4 (#179) 6.727 =
-    # 2.274 + 4.453, live 5.479. Where the live set is the larger (#34, #35,
-    # #122, #168) the two agree within 0.1%. HBM's peak is the live set's.
+    # 2.274 + 4.453, live 5.479. XLA:GPU the same: llama3_8b h200:2x8 16x1
+    # b128 s4096 offload:qkv,mlp_hidden (GPU #124) 45.610 = 5.609 + 40.000,
+    # live 42.771. Where the live set is the larger (TPU #34, #35, #122,
+    # #168; GPU #81, #112) the two agree within 0.1%. HBM's peak is the
+    # live set's.
     peak, source = c.xla_peak.peak_bytes, LIVE_SET
   # The CPU backend's peak_memory_in_bytes leaves out its temp allocation (it reads
   # about the argument size); there the bound is the figure.
