@@ -559,4 +559,32 @@ CASES: list[Case] = [
     Case("llama3_8b", "v5e-32", "8x4", 32, 4096, "offload:qkv",
          "adamw_bf16_mu", C),
     Case("mistral_7b", "v6e-64", "16x4", 256, 4096, "full", "adamw_8bit", C),
+    # Held out, session 21's second batch, compiled with no rule changed
+    # since the first: QLoRA on v5e, experts over X with a capacity
+    # factor, a 1F1B pipeline, optimizer offload on v6e, T5-3B with dots,
+    # MQA with a chunked loss on v4, 13B near v5e's capacity, no remat with
+    # zero2 bf16, a trained vision tower, 70B on v6e, remat offload with
+    # GQA on v4 and with MHA over 8-way TP.
+    Case("llama2_7b", "v5e-32", "16x2", 256, 2048, "full", "adamw", C,
+         precision="bf16", lora_rank=16, base_quant="nf4"),
+    Case("mixtral_mini", "v5p-32", "8x2", 256, 2048, "full", "adamw", C,
+         capacity_factor=1.25, expert_axis="x"),
+    Case("gpt2", "v5p-32", "4x2", 256, 1024, "full", "adamw", C, pp=2,
+         microbatches=8, schedule="1f1b"),
+    Case("llama3_8b", "v6e-32", "16x2", 128, 4096, "full", "adamw", C,
+         offload=("optimizer",)),
+    Case("t5_3b", "v5p-64", "16x2", 512, 512, "dots", "adafactor", C,
+         target_seq=128),
+    Case(GEMMA_2B, "v4-32", "16x1", 256, 2048, "full", "adamw", C,
+         loss_chunks=4),
+    Case("llama2_13b", "v5e-128", "32x4", 128, 4096, "names:qkv,mlp_hidden",
+         "adamw", C),
+    Case(QWEN2_0_5B, "v6e-16", "16x1", 64, 2048, "none", "adamw", C,
+         shard="zero2", precision="bf16"),
+    Case("llava_mini", "v6e-8", "4x2", 256, 768, "full", "adamw", C,
+         train_vision=True),
+    Case("llama2_70b", "v6e-256", "32x8", 1024, 2048, "full", "adamw", C),
+    Case("mistral_7b", "v4-64", "16x2", 64, 8192, "offload:qkv,mlp_hidden",
+         "adamw", C),
+    Case("llama2_7b", "v5p-128", "8x8", 256, 4096, "offload:qkv", "adamw", C),
 ]

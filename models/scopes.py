@@ -19,6 +19,10 @@ frame names or tracebacks (which change with where packages are installed).
   ACCUMULATION the gradient-accumulation loop over the micro-batches after
           the first (simulator.step; the memory model's interleaved-micro-
           batches rule, simulator.memory.xla_rules).
+
+One scope is JAX's own: jax.checkpoint names the forward it recomputes in
+the backward pass RECOMPUTED ('rematted_computation', ad_checkpoint's
+`extend_name_stack`); `in_recompute` reads it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ LOSS = "loss"
 ROUTING = "moe_routing"
 EXPERTS = "moe_experts"
 ACCUMULATION = "grad_accumulation"
+RECOMPUTED = "rematted_computation"  # JAX's, not a model's
 
 _TRANSFORM = re.compile(r"\w+\(|\)")  # jvp(...), transpose(...), remat(...)
 
@@ -42,6 +47,11 @@ def scopes_of(name_stack) -> tuple[str, ...]:
   program's equations share a few hundred name stacks (immutable, hashable)
   and the memory and timing readers ask for each one's scopes many times."""
   return tuple(p for p in _TRANSFORM.sub("", str(name_stack)).split("/") if p)
+
+
+def in_recompute(name_stack) -> bool:
+  """Recomputed in the backward pass by jax.checkpoint (RECOMPUTED)."""
+  return RECOMPUTED in scopes_of(name_stack)
 
 
 @functools.lru_cache(maxsize=1 << 14)

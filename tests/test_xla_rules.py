@@ -874,3 +874,53 @@ def test_offloaded_attention_stacks_are_relaid_before_the_backward(names,
   held = [i for i, ss in estimate.points.splits.items()
           if any(isinstance(s, xla_rules.RelaidStack) for s in ss)]
   assert len(held) > len(set(estimate.points.order)) * len(loops) or not loops
+
+
+def _recomputed_cast(y: int):
+  """The f32 cast jax.checkpoint recomputes in the backward of a norm whose
+  bf16 input, sharded over Y of `y` devices, is gathered over Y first; with
+  its producer and readers in that backward's jaxpr."""
+  mesh = AbstractMesh((2, y), ("X", "Y"),
+                      axis_types=(AxisType.Explicit, AxisType.Explicit))
+
+  def layer(x, w):
+    xf = jax.sharding.reshard(x, P("X", None)).astype(jnp.float32)
+    h = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True))
+    return jnp.sum((h.astype(jnp.bfloat16) @ w).astype(jnp.float32))
+
+  x = jax.ShapeDtypeStruct((2 * PROBE, 64), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P("X", "Y")))
+  w = jax.ShapeDtypeStruct((64, 8), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P(None, None)))
+  with jax.sharding.use_abstract_mesh(mesh):
+    closed = jax.make_jaxpr(jax.grad(jax.checkpoint(layer)))(x, w)
+  stack = [closed.jaxpr]
+  while stack:
+    j = stack.pop()
+    for e in j.eqns:
+      if (e.primitive.name == "convert_element_type"
+          and scopes.in_recompute(e.source_info.name_stack)
+          and e.outvars[0].aval.dtype == jnp.float32
+          and len(e.outvars[0].aval.shape) == 2
+          and e.outvars[0].aval.shape[-1] == 64):
+        producer = {v: p for p in j.eqns for v in p.outvars}
+        readers = [r for r in j.eqns if e.outvars[0] in r.invars]
+        return e, producer, readers
+      stack += [sub for _, sub in subjaxprs(e)]
+  raise AssertionError("no recomputed f32 cast of the gathered input")
+
+
+def test_a_recomputed_cast_of_a_gathered_value_the_backward_reads_is_a_buffer():
+  """The gathered-casts rule (held-out #221: bitcast_convert_fusion.4 =
+  fusion(all-gather.120), held to the norm's backward): the recompute's
+  f32 cast of the input it gathers over Y, read by the backward pass, is a
+  buffer; over a Y of one device the reshard gathers nothing and the cast
+  fuses into its readers as before."""
+  cast, producer, readers = _recomputed_cast(2)
+  assert any(not scopes.in_recompute(r.source_info.name_stack)
+             for r in readers)
+  assert xla_rules.gathered_cast(cast, producer, readers)
+  assert not xla_rules.fused_away(cast, cast.outvars[0], readers, readers,
+                                  False, producer=producer)
+  cast, producer, readers = _recomputed_cast(1)
+  assert not xla_rules.gathered_cast(cast, producer, readers)

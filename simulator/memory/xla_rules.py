@@ -68,6 +68,26 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   second bf16[8,16,512,1024] dispatch, not modelled). The
                   gate's own result, computed inside that fusion, is still
                   counted: an upper bound by one such buffer;
+  gathered casts  a widening cast (the norms' f32 inputs) that jax.checkpoint's
+                  recompute makes of a value it all-gathers over a mesh
+                  axis (the TP residual, gathered over Y for the norm), and
+                  that the backward pass reads too, is a buffer held until
+                  the backward's last read: XLA makes it once in a fusion of
+                  its own from the all-gather's result. In llama3_8b v6e-32
+                  16x2 b128 --offload=optimizer (held-out #221) the backward
+                  body makes bitcast_convert_fusion.4 =
+                  fusion(all-gather.120), f32[8,4096,4096], beside the MLP's
+                  weight gradients and reads it at its end (fusion.470, the
+                  attention norm's backward), so XLA's peak holds it and the
+                  MLP norm's (convert_element_type.1341); so does #199's
+                  (bitcast_convert_fusion.14). In every corpus row whose
+                  XLA peak holds a recomputed norm's f32 input (23 of 218)
+                  Y is more than 1. #218 -6.46% -> -3.28%, #227 -5.31% ->
+                  +3.19%, #188 -8.50% -> -5.78%, #221 -10.77% -> -8.37%
+                  (it also holds six prefetched optimizer moments, not
+                  modelled); rows with TP whose peak is elsewhere rise by up
+                  to 5 points (#54 +8.44% -> +14.30%). Off TPU dumps only:
+                  the GPU rules take no chain producers, so not on a GPU;
   narrowed weight a weight gradient whose one reader is a cast to a
   gradients       narrower dtype is made by one fusion with the cast, and
                   that fusion goes on into an add that reads the cast while
@@ -820,6 +840,8 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
             and not widening(through_views[0]))
   if any(c.primitive.name == "device_put" for c in through_views):
     return False  # a copy to another memory (a DMA) reads a whole buffer
+  if gathered_cast(eqn, producer or {}, through_views):
+    return False  # the gathered-casts rule
   matmul = lambda c: c.primitive.name == "dot_general"
   if any(map(_batched_weight_matmul, through_views)):
     return False  # the batched-weight-matmuls rule
@@ -828,6 +850,27 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
                or _chain_no_wider(eqn, producer or {})
                or (sole_matmul_in and len(readers) == 1
                    and matmul(readers[0]))))
+
+
+def gathered_cast(eqn, producer: dict, readers: list) -> bool:
+  """The gathered-casts rule: `eqn` widens, in the recompute, a value made
+  by a reshard that gathers over a mesh axis of more than one device, and
+  a reader outside the recompute (the backward pass) reads it."""
+  if not (widening(eqn) and scopes.in_recompute(eqn.source_info.name_stack)):
+    return False
+  source = eqn.invars[0]
+  made = producer.get(source) if isinstance(source, jcore.Var) else None
+  return (made is not None and made.primitive.name == "reshard"
+          and _gathers(made)
+          and any(not scopes.in_recompute(c.source_info.name_stack)
+                  for c in readers))
+
+
+def _gathers(eqn) -> bool:
+  """A reshard whose result is sharded over fewer axes of more than one
+  device than its operand (an all-gather)."""
+  before, after = (layout_of(v.aval) for v in (eqn.invars[0], eqn.outvars[0]))
+  return sum(map(len, after)) < sum(map(len, before))
 
 
 def _batched_weight_matmul(eqn) -> bool:
