@@ -153,10 +153,10 @@ def report(rows: list[dict], seconds: float) -> str:
       "the 512B v5p-1024 run is full remat, per-device batch 2, "
       "ici_tensor_parallelism=16 (32x16), as in the table.", "",
       "Outside 5 points, and why not closed: 512B v5p-1024 (32x16, full "
-      "remat) is predicted 7 points low because every TP activation "
+      "remat) is predicted 8 points low because every TP activation "
       "collective is counted as exposed and its per-device matmuls are "
       "half the 1024B run's for the same TP bytes, while measured MFU is "
-      "the same for both. 256B v5p-1024 is predicted 6 points high: it "
+      "the same for both. 256B v5p-1024 is predicted 5.2 points high: it "
       "has the 128B v5p runs' collective bytes per FLOP and a smaller "
       "share of HBM-bound work (its d_model doubles, its per-device MLP "
       "slice does not), so the model puts it above them, while measured "

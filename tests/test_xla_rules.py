@@ -1,5 +1,6 @@
 """simulator.memory.xla_rules: each rule on a program made to show it."""
 
+import dataclasses
 import functools
 import math
 
@@ -838,17 +839,21 @@ def test_the_schedule_runs_through_the_inlined_micro_batch():
   assert not any(logits_live("traced"))
 
 
-@pytest.mark.parametrize("names,relaid", [("qkv,attn_out", 3),
-                                          ("mlp_hidden", 0)])
-def test_offloaded_attention_stacks_are_relaid_before_the_backward(names,
-                                                                   relaid):
+@pytest.mark.parametrize("names,kv_heads,relaid", [("qkv,attn_out", 4, 3),
+                                                   ("qkv,attn_out", 2, 0),
+                                                   ("mlp_hidden", 4, 0)])
+def test_offloaded_attention_stacks_are_relaid_before_the_backward(
+    names, kv_heads, relaid):
   """The relaid-stacks rule: of the host stacks remat offload saves, the
   backward layer loop's q, k, v (read by its attention's loops) are relaid
   out through HBM before it runs, two copies of the largest at once, on a
   TPU, anywhere after the loss's last equation (held at each of those
-  points); attn_out and mlp_hidden (read by matmuls) are not."""
+  points), when they are of one shape (MHA: tiny with 4 kv heads); with
+  fewer kv heads than query heads (GQA, tiny's 2) none is (the GQA dumps,
+  #198, #199, #208); attn_out and mlp_hidden (read by matmuls) never."""
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
-  traced = trace_probe(load_model("tiny"), TrainSettings(
+  cfg = dataclasses.replace(load_model("tiny"), n_kv_heads=kv_heads)
+  traced = trace_probe(cfg, TrainSettings(
       batch=8, seq=64, remat=f"offload:{names}"), abstract_mesh(plan))
   loops = [e for e in traced.jaxpr.jaxpr.eqns
            if xla_rules.relaid_host_stacks(e)]

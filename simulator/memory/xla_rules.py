@@ -440,7 +440,16 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   -> +32.02% and #198 (llama3_8b 16x4, whose dump shows no
                   relayout) +45.40% (their traced schedules -0.17%, -0.89%,
                   +1.72%); which stacks XLA relays (#35: two of q, k, v;
-                  #198: none) is not derived: the largest is held;
+                  #198: none) is not derived: the largest is held. Only
+                  where q, k and v are stacks of one shape (MHA): the GQA
+                  dumps show no relayout (#198 llama3_8b, #199 and #208
+                  mistral_7b: the forward loop writes q, k and v in the
+                  layouts the backward reads), the MHA ones do (#35, #168,
+                  #179, #205). With the gathered-casts rule: #208 +34.70%
+                  -> +7.29%, #199 +5.54% -> -4.16%, #228 +35.23% ->
+                  +15.14%, and the deferred bounds of #122 +46.79% ->
+                  +30.07%, #137 +32.02% -> +23.08%, #198 +45.40% ->
+                  +28.89% (their traced schedules within 1.8%);
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
@@ -688,13 +697,15 @@ class RelaidStack:
 
 def relaid_host_stacks(eqn) -> list:
   """The relaid-stacks rule: the host-memory stacks a backward
-  loop reads into its attention's loops (remat offload's q, k, v)."""
+  loop reads into its attention's loops (remat offload's q, k, v), when
+  they are all of one shape (MHA); q wider than k and v (GQA): none."""
   if not (runs_whole(eqn) and made_by_backward(eqn)):
     return []
   body = _subjaxprs(eqn)[0]
-  return [v for v, b in zip(eqn.invars, body.invars)
-          if isinstance(v, jcore.Var) and on_host(v.aval)
-          and _read_by_loop(body, b)]
+  stacks = [v for v, b in zip(eqn.invars, body.invars)
+            if isinstance(v, jcore.Var) and on_host(v.aval)
+            and _read_by_loop(body, b)]
+  return stacks if len({v.aval.shape for v in stacks}) == 1 else []
 
 
 def relay_stretch(eqns, loop: int) -> range:
