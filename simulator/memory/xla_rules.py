@@ -81,13 +81,15 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   attention norm's backward), so XLA's peak holds it and the
                   MLP norm's (convert_element_type.1341); so does #199's
                   (bitcast_convert_fusion.14). In every corpus row whose
-                  XLA peak holds a recomputed norm's f32 input (23 of 218)
+                  XLA peak holds a recomputed norm's f32 input (23 of 230)
                   Y is more than 1. #218 -6.46% -> -3.28%, #227 -5.31% ->
                   +3.19%, #188 -8.50% -> -5.78%, #221 -10.77% -> -8.37%
                   (it also holds six prefetched optimizer moments, not
                   modelled); rows with TP whose peak is elsewhere rise by up
-                  to 5 points (#54 +8.44% -> +14.30%). Off TPU dumps only:
-                  the GPU rules take no chain producers, so not on a GPU;
+                  to 6 points (#54 +8.44% -> +14.30%). Off TPU dumps only:
+                  it reads the source through the chain producers, which
+                  the GPU rules leave empty (xla_gpu_rules.chain_producers),
+                  so not on a GPU;
   narrowed weight a weight gradient whose one reader is a cast to a
   gradients       narrower dtype is made by one fusion with the cast, and
                   that fusion goes on into an add that reads the cast while
