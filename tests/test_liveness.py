@@ -6,6 +6,7 @@ import random
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 from simulator.tracing.batch_probe import PROBE
 from simulator.memory import liveness
@@ -198,3 +199,35 @@ def test_a_program_waits_outside_its_loops_and_at_their_edges():
   held = lambda edges: max(f + l for f, l, _ in sim.between_loops(
       jaxpr, edges=edges))
   assert held(False) >= 64 * 1024 * F32 > held(True) == 64 * 64 * F32
+
+
+def test_an_operand_only_gathering_matmuls_read_dies_at_its_gather():
+  """The gathered-operands rule (xla_rules): dy, a matmul's result that two
+  matmuls gather over Y and nothing else reads, dies once its gathered copy
+  is made, the equation after its own, and the copy is held to the second
+  matmul."""
+  mesh = AbstractMesh((2, 2), ("X", "Y"),
+                      axis_types=(AxisType.Explicit, AxisType.Explicit))
+
+  def grads(a, m, h, w):
+    dy = jnp.einsum("bk,kd->bd", a, m, out_sharding=P("X", "Y"))
+    dw = jnp.einsum("bd,bf->df", dy, h, out_sharding=P(None, "Y"))
+    dx = jnp.einsum("bd,fd->bf", dy, w, out_sharding=P("X", "Y"))
+    return dw, dx
+
+  spec = lambda *s: NamedSharding(mesh, P(*s))
+  args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=spec(*s))
+          for shape, s in (((2 * PROBE, 16), ("X", None)),
+                           ((16, 64), (None, "Y")),
+                           ((2 * PROBE, 32), ("X", "Y")),
+                           ((32, 64), ("Y", None)))]
+  with jax.sharding.use_abstract_mesh(mesh):
+    jaxpr = jax.make_jaxpr(grads)(*args).jaxpr
+  plan = liveness._Simulation().plan(jaxpr, False, ())
+  dots = [i for i, e in enumerate(plan.jaxpr.eqns)
+          if e.primitive.name == "dot_general"]
+  dy = plan.jaxpr.eqns[dots[0]].outvars[0]
+  assert dy in plan.frees[dots[0] + 1]
+  (first, last, _), = [r for k, r in plan.stacks.items()
+                       if k[2] == "operand" and k[0].value is dy]
+  assert (first, last) == (dots[0] + 1, dots[2])

@@ -929,3 +929,49 @@ def test_a_recomputed_cast_of_a_gathered_value_the_backward_reads_is_a_buffer():
                                   False, producer=producer)
   cast, producer, readers = _recomputed_cast(1)
   assert not xla_rules.gathered_cast(cast, producer, readers)
+
+
+def _two_matmuls_of_one_gathered_operand(y: int, both: bool = True):
+  """dy (batch over X, features over Y) read by a weight gradient whose
+  result keeps Y for its other dim and by an input gradient whose weight
+  keeps Y for its output: both gather dy over Y (#188's backward MoE
+  output gradient, all-gather.248 read by the experts' wo gradients)."""
+  mesh = AbstractMesh((2, y), ("X", "Y"),
+                      axis_types=(AxisType.Explicit, AxisType.Explicit))
+
+  def grads(dy, h, w):
+    dw = jnp.einsum("bd,bf->df", dy, h, out_sharding=P(None, "Y"))
+    if not both:
+      return dw
+    dx = jnp.einsum("bd,fd->bf", dy, w, out_sharding=P("X", "Y"))
+    return dw, dx
+
+  spec = lambda *s: NamedSharding(mesh, P(*s))
+  args = (jax.ShapeDtypeStruct((2 * PROBE, 64), jnp.bfloat16,
+                               sharding=spec("X", "Y")),
+          jax.ShapeDtypeStruct((2 * PROBE, 32), jnp.bfloat16,
+                               sharding=spec("X", "Y")),
+          jax.ShapeDtypeStruct((32, 64), jnp.bfloat16,
+                               sharding=spec("Y", None)))
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.make_jaxpr(grads)(*args).jaxpr
+
+
+def test_an_operand_two_matmuls_gather_is_one_buffer_between_them():
+  """The gathered-operands rule: dy gathered over Y for both matmuls is one
+  buffer of its gathered per-device size, from when dy exists (an input:
+  the start) to the second; over a Y of one device nothing is gathered, and
+  one matmul's gather is not held."""
+  jaxpr = _two_matmuls_of_one_gathered_operand(2)
+  dots = [i for i, e in enumerate(jaxpr.eqns)
+          if e.primitive.name == "dot_general"]
+  held, replaced = xla_rules.gathered_operands(jaxpr.eqns, False, {})
+  assert list(held.values()) == [(0, dots[1], (0, PROBE * 64 * 2))]
+  (operand, _, rule), = held
+  assert operand.value is jaxpr.invars[0] and rule == "operand"
+  assert device_shape(operand.aval) == (PROBE, 64)
+  assert not replaced  # an input: its caller holds it
+  for one_matmul in (_two_matmuls_of_one_gathered_operand(1),
+                     _two_matmuls_of_one_gathered_operand(2, both=False)):
+    assert xla_rules.gathered_operands(one_matmul.eqns, False,
+                                       {}) == ({}, set())

@@ -266,6 +266,16 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
                first_micro_batch)
 
 
+def _free_when_gathered(plan: _Plan, replaced: set) -> None:
+  """The operands only gathering matmuls read die once their gathered copy
+  is made, the equation after their own (xla_rules.gathered_operands)."""
+  made = {v: i for i, e in enumerate(plan.jaxpr.eqns) for v in e.outvars}
+  for i, values in list(plan.frees.items()):
+    for v in [v for v in values if v in replaced]:
+      values.remove(v)
+      plan.frees.setdefault(made[v] + 1, []).append(v)
+
+
 def _inner_order(eqn, order: str) -> str:
   """The schedule of the bodies `eqn` runs: XLA inlines a call and a loop
   of one iteration, so the step's schedule runs through them (#141: both
@@ -329,6 +339,10 @@ class _Simulation:
                    self.gpu, self.sms if self.gpu else None,
                    key[0] in self.looped, order == "cublas",
                    sole_matmul_in=not self.gpu)
+      gathered, replaced = xla_rules.gathered_operands(plan.jaxpr.eqns,
+                                                       local, plan.size)
+      plan.stacks.update(gathered)
+      _free_when_gathered(plan, replaced)
       if key[0] == self.top and order == "memory":
         plan.stacks.update(xla_gpu_rules.early_loop_outputs(plan.jaxpr,
                                                             plan.size))
@@ -514,11 +528,12 @@ class _Simulation:
                   "copy": "copied (its own layout)",
                   "gathered": "copied heads-major for its gathered matmuls",
                   "gather": "transposed for its all-gather",
+                  "operand": "all-gathered for its matmuls",
                   "early": "zero-filled early",
                   "fill": "zero-filled early for its scatter-add"}[rule]
           out.append(LiveBuffer(
               f"{stack.aval.str_short()} {what}"
-              + ("" if rule == "fill" else " outside its loop"),
+              + ("" if rule in ("fill", "operand") else " outside its loop"),
               xla_rules.shape_of(stack.aval, local or rule == "fill"),
               str(dtype),
               plan.stacks[v][2], (), False, hoisted=True))

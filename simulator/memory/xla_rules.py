@@ -90,6 +90,34 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   it reads the source through the chain producers, which
                   the GPU rules leave empty (xla_gpu_rules.chain_producers),
                   so not on a GPU;
+  gathered        a buffer two or more matmuls all-gather over one mesh
+  operands        axis their shardings cannot keep (a dim the output, or
+                  the other operand's use of the axis, cannot keep:
+                  simulator.tracing.program.dot_sharding, the rule the
+                  collectives are read by) is gathered once (XLA's CSE)
+                  into a buffer of its gathered size, from when the operand
+                  exists (the async all-gather starts then) to the last of
+                  them; the operand dies there if only they read it. In
+                  llama3_8b v6e-32 16x2 (held-out #221) the backward body
+                  gathers the residual's gradient over Y at its start,
+                  all-gather.126 = bf16[8,4096,4096], read by the MLP
+                  output projection's input and weight gradients
+                  (fusion.458, fusion.483) and live at XLA's peak between
+                  them; llama2_70b v5p-128 8x8 (#120) holds all-gather.129
+                  (.../blocks/add_any, bf16[24,4096,8192]) at its peak; in
+                  mixtral_mini v5e-16 8x2 (#188) the experts' output
+                  gradient, bf16[8,16,512,512] gathered to [8,16,512,1024]
+                  (all-gather.248-252 in async collective fusions), is live
+                  at XLA's peak (fusion.696). An operand computed inside
+                  the matmul's fusion is not gathered itself: the final
+                  norm's output, sliced back over Y, is read by #221's
+                  logits fusion.294 through all-gather.27, the norm's
+                  gathered input. #188 -5.78% -> -3.06%, #221 -8.37% ->
+                  -7.17%; every TP row rises, by up to 5 points (#126
+                  +58.80% -> +64.19%, the deferred bound; #120's traced
+                  schedule -1.2% -> +2.2%), and the corpus medians by
+                  about one point (GPU: #128 -8.33% -> -5.99%, #119
+                  -7.09% -> -6.14%);
   narrowed weight a weight gradient whose one reader is a cast to a
   gradients       narrower dtype is made by one fusion with the cast, and
                   that fusion goes on into an add that reads the cast while
@@ -602,7 +630,7 @@ from models import scopes
 from simulator.tracing import loops, mesh_class
 from simulator.tracing.batch_probe import (bytes_at, carries_batch,
                                             matmul_kind)
-from simulator.tracing.program import subjaxprs
+from simulator.tracing.program import dot_sharding, subjaxprs
 from simulator.step import device_shape
 from simulator.tracing.trace import (VIEW_OPS, fusible, layout_of,
                                      made_by_backward, spec_of)
@@ -982,6 +1010,70 @@ def partial_sums(eqn) -> bool:
     if any(sizes.get(x, 1) > 1 for x in axes):
       return True
   return False
+
+
+@dataclasses.dataclass(frozen=True)
+class GatheredOperand:
+  """A value some matmul all-gathers (the gathered-operands rule): the
+  gathered copy's aval, its sharding without the gathered axes."""
+
+  value: object  # the jaxpr value gathered
+  aval: object = dataclasses.field(compare=False)
+
+
+def gathered_operands(eqns, local: bool, size: dict) -> tuple[dict, set]:
+  """The gathered-operands rule's buffers, kept as weight stacks are
+  ({(GatheredOperand, dtype, "operand"): (first index, last, bytes)}), and
+  the operands only such matmuls read, which die where their gathered copy
+  is made (nothing reads them after it). Each buffer (`size`: the plan's,
+  through views) two or more matmuls of `eqns` all-gather over a mesh axis
+  their shardings cannot keep (simulator.tracing.program.dot_sharding) is
+  gathered once for them (XLA's CSE), from when it is made (the gather
+  starts as soon as its operand exists) to the last of them; one matmul's
+  gather alone is not held (it is its fusion's operand only while it runs). An operand computed inside the
+  matmul's fusion is not gathered itself: XLA gathers what the fusion
+  reads (the final norm's output, sliced back over Y after its input's
+  gather, is read by the logits fusion.294 of #221 through all-gather.27,
+  the gathered input, and no second gather)."""
+  if local:  # a shard_map body: its collectives are written out
+    return {}, set()
+  made = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+
+  def is_buffer(v) -> bool:
+    while v in made and is_view(eqns[made[v]]):
+      v = eqns[made[v]].invars[0]
+    return v not in made or size.get(v, (0, 0)) != (0, 0)
+
+  out: dict = {}
+  gathering: dict = {}  # operand -> the matmuls that gather it
+  for i, eqn in enumerate(eqns):
+    if eqn.primitive.name != "dot_general":
+      continue
+    sharding = getattr(eqn.invars[0].aval, "sharding", None)
+    sizes = dict(mesh_class.axis_sizes(getattr(sharding, "mesh", None)))
+    gather, _ = dot_sharding(eqn, [a for a, n in sizes.items() if n > 1])
+    for var, axes in zip(eqn.invars, (gather["l"], gather["r"])):
+      if not axes or not isinstance(var, jcore.Var) or not is_buffer(var):
+        continue
+      spec = [tuple(a for a in mesh_class.entry_axes(e) if a not in axes)
+              or None for e in spec_of(var.aval)]
+      aval = var.aval.update(sharding=var.aval.sharding.update(
+          spec=type(var.aval.sharding.spec)(*spec)))
+      shape = shape_of(aval, local)
+      key = (GatheredOperand(var, aval), np.dtype(aval.dtype), "operand")
+      nbytes = math.prod(shape) * key[1].itemsize
+      out[key] = (made.get(var, -1) + 1, i, (0, nbytes)
+                  if carries_batch(shape) else (nbytes, 0))
+      gathering.setdefault(var, set()).add(i)
+  readers: dict = {}
+  for i, eqn in enumerate(eqns):
+    for v in eqn.invars:
+      if isinstance(v, jcore.Var):
+        readers.setdefault(v, set()).add(i)
+  out = {k: r for k, r in out.items() if len(gathering[k[0].value]) > 1}
+  replaced = {v for v, dots in gathering.items()
+              if len(dots) > 1 and v in made and readers[v] == dots}
+  return out, replaced
 
 
 def _narrowed(eqn, readers) -> bool:

@@ -124,6 +124,49 @@ class Program:
   traffic: list[Traffic] = dataclasses.field(default_factory=list)
 
 
+def dot_sharding(eqn, axes) -> tuple[dict[str, set], dict[str, int]]:
+  """How XLA's SPMD partitioner runs one dot_general over the mesh `axes`
+  (those of more than one device): ({"l": axes, "r": axes} each operand is
+  all-gathered over, {axis: contracting pair index} left as partial sums).
+  An axis sharding a contracting dim of both operands leaves partial sums
+  (so does one only one operand shards, the other sliced); one sharding an
+  operand's dim that the output cannot keep, or a contracting dim the other
+  operand shards elsewhere, is gathered."""
+  lhs, rhs = eqn.invars
+  out = eqn.outvars[0]
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  lc, rc, lb, rb = map(list, (lc, rc, lb, rb))
+  ls, rs = lhs.aval.shape, rhs.aval.shape
+  Ls, Rs = _spec(lhs.aval, len(ls)), _spec(rhs.aval, len(rs))
+  Os = _spec(out.aval, len(out.aval.shape))
+  lfree = [d for d in range(len(ls)) if d not in lc and d not in lb]
+  rfree = [d for d in range(len(rs)) if d not in rc and d not in rb]
+  out_of_l = {d: i for i, d in enumerate(lb)}
+  out_of_l.update({d: len(lb) + i for i, d in enumerate(lfree)})
+  out_of_r = {d: i for i, d in enumerate(rb)}
+  out_of_r.update({d: len(lb) + len(lfree) + i for i, d in enumerate(rfree)})
+  gather: dict[str, set] = {"l": set(), "r": set()}
+  partial: dict[str, int] = {}  # axis -> contracting pair index
+  for a in axes:
+    loc_l = [d for d in range(len(ls)) if a in Ls[d]]
+    loc_r = [d for d in range(len(rs)) if a in Rs[d]]
+    for side, locs, other_locs, spec_other, mine, theirs, out_of in (
+        ("l", loc_l, loc_r, Rs, lc, rc, out_of_l),
+        ("r", loc_r, loc_l, Ls, rc, lc, out_of_r)):
+      for d in locs:
+        if d in mine:
+          i = mine.index(d)
+          if a in spec_other[theirs[i]]:
+            partial[a] = i
+          elif other_locs:
+            gather[side].add(a)
+          else:
+            partial[a] = i
+        elif a not in Os[out_of[d]]:
+          gather[side].add(a)
+  return gather, partial
+
+
 def _spec(aval, ndim: int) -> tuple[tuple[str, ...], ...]:
   sharding = getattr(aval, "sharding", None)
   spec = getattr(sharding, "spec", None)
@@ -471,38 +514,13 @@ class _Walker:
   def _dot(self, eqn, ctx, source, in_data, critical, pending, gathered):
     lhs, rhs = eqn.invars
     out = eqn.outvars[0]
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    lc, rc, lb, rb = map(list, (lc, rc, lb, rb))
+    (lc, rc), (_, rb) = eqn.params["dimension_numbers"]
     ls, rs = lhs.aval.shape, rhs.aval.shape
     Ls, Rs = _spec(lhs.aval, len(ls)), _spec(rhs.aval, len(rs))
     Os = _spec(out.aval, len(out.aval.shape))
-    lfree = [d for d in range(len(ls)) if d not in lc and d not in lb]
     rfree = [d for d in range(len(rs)) if d not in rc and d not in rb]
-    out_of_l = {d: i for i, d in enumerate(lb)}
-    out_of_l.update({d: len(lb) + i for i, d in enumerate(lfree)})
-    out_of_r = {d: i for i, d in enumerate(rb)}
-    out_of_r.update({d: len(lb) + len(lfree) + i for i, d in enumerate(rfree)})
-    gather = {"l": set(), "r": set()}
-    partial: dict[str, int] = {}  # axis -> contracting pair index
-    for a in self.sizes:
-      if not self._active(a):
-        continue
-      loc_l = [d for d in range(len(ls)) if a in Ls[d]]
-      loc_r = [d for d in range(len(rs)) if a in Rs[d]]
-      for side, locs, other_locs, spec_other, mine, theirs, out_of in (
-          ("l", loc_l, loc_r, Rs, lc, rc, out_of_l),
-          ("r", loc_r, loc_l, Ls, rc, lc, out_of_r)):
-        for d in locs:
-          if d in mine:
-            i = mine.index(d)
-            if a in spec_other[theirs[i]]:
-              partial[a] = i
-            elif other_locs:
-              gather[side].add(a)
-            else:
-              partial[a] = i
-          elif a not in Os[out_of[d]]:
-            gather[side].add(a)
+    gather, partial = dot_sharding(eqn, [a for a in self.sizes
+                                         if self._active(a)])
     # per-device (local) sizes after the gathers
     def local(shape, spec, drop):
       return [dim // math.prod(self.sizes[b] for b in axes if b not in drop)
