@@ -587,4 +587,12 @@ CASES: list[Case] = [
     Case("mistral_7b", "v4-64", "16x2", 64, 8192, "offload:qkv,mlp_hidden",
          "adamw", C),
     Case("llama2_7b", "v5p-128", "8x8", 256, 4096, "offload:qkv", "adamw", C),
+    # Held out in session 22, compiled after the gathered-operands rule:
+    # TP over 2-8 devices on each chip, dense, MQA and experts.
+    Case("llama2_13b", "v5p-64", "8x4", 256, 4096, "full", "adamw", C),
+    Case("llama3_8b", "v4-32", "8x2", 32, 2048, "dots", "adamw", C),
+    Case("mistral_7b", "v6e-32", "8x4", 256, 2048, "names:qkv", "adafactor", C),
+    Case("mixtral_mini", "v5p-16", "4x2", 256, 2048, "full", "adamw", C),
+    Case(GEMMA_2B, "v6e-8", "4x2", 8, 4096, "dots", "adamw", C),
+    Case("llama2_70b", "v5p-512", "32x8", 1024, 2048, "full", "adamw", C),
 ]
