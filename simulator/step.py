@@ -268,14 +268,20 @@ def with_images(cfg: ModelConfig, settings: TrainSettings) -> ModelConfig:
   return at_resolution(cfg, settings.image_size, settings.patch_size)
 
 
-def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
-               base_rules: AxisRules = FSDP_TP) -> Step:
-  """Abstract arguments and the step function for `mesh` (abstract or real)."""
-  cfg = with_images(cfg, settings)
+def check_seq(cfg: ModelConfig, settings: TrainSettings) -> None:
+  """A one-line ValueError where the sequence is longer than the model's
+  learned positions (no mesh makes it fit)."""
   if cfg.positions == "learned" and settings.seq > cfg.max_len:
     raise ValueError(f"seq={settings.seq} exceeds {cfg.name}'s "
                      f"{cfg.max_len} learned positions; choose seq <= "
                      f"{cfg.max_len}")
+
+
+def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
+               base_rules: AxisRules = FSDP_TP) -> Step:
+  """Abstract arguments and the step function for `mesh` (abstract or real)."""
+  cfg = with_images(cfg, settings)
+  check_seq(cfg, settings)
   if settings.target_seq and not cfg.encoder_decoder:
     raise ValueError(f"target_seq={settings.target_seq}: {cfg.name} has no "
                      "encoder; target_seq is an encoder-decoder's decoder "

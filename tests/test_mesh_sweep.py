@@ -145,6 +145,7 @@ def _cli(*args):
     (["--bogus=1"], "bogus"),
     (["--run_name=../../x"], "plain folder name"),
     (["--run_name=/tmp/abs"], "plain folder name"),
+    (["--model=gpt2", "--seq=2048"], "1024 learned positions"),
 ])
 def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
   p = _cli(*args, f"--logdir={tmp_path}")
