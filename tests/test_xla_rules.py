@@ -974,4 +974,4 @@ def test_an_operand_two_matmuls_gather_is_one_buffer_between_them():
   for one_matmul in (_two_matmuls_of_one_gathered_operand(1),
                      _two_matmuls_of_one_gathered_operand(2, both=False)):
     assert xla_rules.gathered_operands(one_matmul.eqns, False,
-                                       {}) == ({}, set())
+                                       {}) == ({}, {})

@@ -266,14 +266,13 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
                first_micro_batch)
 
 
-def _free_when_gathered(plan: _Plan, replaced: set) -> None:
-  """The operands only gathering matmuls read die once their gathered copy
-  is made, the equation after their own (xla_rules.gathered_operands)."""
-  made = {v: i for i, e in enumerate(plan.jaxpr.eqns) for v in e.outvars}
-  for i, values in list(plan.frees.items()):
+def _free_when_gathered(plan: _Plan, replaced: dict) -> None:
+  """The operands only gathering matmuls read die where their gathered
+  copy is made ({operand: that index}: xla_rules.gathered_operands)."""
+  for values in list(plan.frees.values()):
     for v in [v for v in values if v in replaced]:
       values.remove(v)
-      plan.frees.setdefault(made[v] + 1, []).append(v)
+      plan.frees.setdefault(replaced[v], []).append(v)
 
 
 def _inner_order(eqn, order: str) -> str:

@@ -1021,22 +1021,23 @@ class GatheredOperand:
   aval: object = dataclasses.field(compare=False)
 
 
-def gathered_operands(eqns, local: bool, size: dict) -> tuple[dict, set]:
+def gathered_operands(eqns, local: bool, size: dict) -> tuple[dict, dict]:
   """The gathered-operands rule's buffers, kept as weight stacks are
   ({(GatheredOperand, dtype, "operand"): (first index, last, bytes)}), and
-  the operands only such matmuls read, which die where their gathered copy
-  is made (nothing reads them after it). Each buffer (`size`: the plan's,
-  through views) two or more matmuls of `eqns` all-gather over a mesh axis
-  their shardings cannot keep (simulator.tracing.program.dot_sharding) is
-  gathered once for them (XLA's CSE), from when it is made (the gather
-  starts as soon as its operand exists) to the last of them; one matmul's
-  gather alone is not held (it is its fusion's operand only while it runs). An operand computed inside the
-  matmul's fusion is not gathered itself: XLA gathers what the fusion
-  reads (the final norm's output, sliced back over Y after its input's
-  gather, is read by the logits fusion.294 of #221 through all-gather.27,
-  the gathered input, and no second gather)."""
+  {operand: the index it dies at} for the operands only those matmuls
+  read (nothing reads them once their gathered copy is made). Each buffer
+  (`size`: the plan's, through views) that two or more matmuls of `eqns`
+  all-gather over a mesh axis their shardings cannot keep
+  (simulator.tracing.program.dot_sharding) is gathered once for them
+  (XLA's CSE), from when it is made (the gather starts as soon as its
+  operand exists) to the last of them. One matmul's gather is not held: no
+  dump read shows one, and holding it moved no corpus row. An operand
+  computed inside the matmul's fusion is not gathered itself: XLA gathers
+  what the fusion reads (the final norm's output, sliced back over Y after
+  its input's gather, is read by the logits fusion.294 of #221 through
+  all-gather.27, the gathered input, and no second gather)."""
   if local:  # a shard_map body: its collectives are written out
-    return {}, set()
+    return {}, {}
   made = {v: i for i, e in enumerate(eqns) for v in e.outvars}
 
   def is_buffer(v) -> bool:
@@ -1044,8 +1045,7 @@ def gathered_operands(eqns, local: bool, size: dict) -> tuple[dict, set]:
       v = eqns[made[v]].invars[0]
     return v not in made or size.get(v, (0, 0)) != (0, 0)
 
-  out: dict = {}
-  gathering: dict = {}  # operand -> the matmuls that gather it
+  gathering: dict = {}  # operand -> (its gathered aval, the matmuls)
   for i, eqn in enumerate(eqns):
     if eqn.primitive.name != "dot_general":
       continue
@@ -1059,20 +1059,21 @@ def gathered_operands(eqns, local: bool, size: dict) -> tuple[dict, set]:
               or None for e in spec_of(var.aval)]
       aval = var.aval.update(sharding=var.aval.sharding.update(
           spec=type(var.aval.sharding.spec)(*spec)))
-      shape = shape_of(aval, local)
-      key = (GatheredOperand(var, aval), np.dtype(aval.dtype), "operand")
-      nbytes = math.prod(shape) * key[1].itemsize
-      out[key] = (made.get(var, -1) + 1, i, (0, nbytes)
-                  if carries_batch(shape) else (nbytes, 0))
-      gathering.setdefault(var, set()).add(i)
-  readers: dict = {}
-  for i, eqn in enumerate(eqns):
-    for v in eqn.invars:
-      if isinstance(v, jcore.Var):
-        readers.setdefault(v, set()).add(i)
-  out = {k: r for k, r in out.items() if len(gathering[k[0].value]) > 1}
-  replaced = {v for v, dots in gathering.items()
-              if len(dots) > 1 and v in made and readers[v] == dots}
+      gathering.setdefault(var, (aval, []))[1].append(i)
+  out: dict = {}
+  replaced: dict = {}
+  for var, (aval, dots) in gathering.items():
+    if len(dots) < 2:
+      continue
+    shape = shape_of(aval, local)
+    key = (GatheredOperand(var, aval), np.dtype(aval.dtype), "operand")
+    nbytes = math.prod(shape) * key[1].itemsize
+    first = made.get(var, -1) + 1
+    out[key] = (first, dots[-1], (0, nbytes) if carries_batch(shape)
+                else (nbytes, 0))
+    if var in made and all(var not in e.invars for k, e in enumerate(eqns)
+                           if k not in dots):
+      replaced[var] = first
   return out, replaced
 
 
