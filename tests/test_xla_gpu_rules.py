@@ -110,6 +110,56 @@ def test_fusions_reading_one_buffer_are_not_merged():
                                             producer) == {}
 
 
+def _gqa_backward_block(groups: int):
+  """The flash backward's ds for one key block, bf16[b,k,g,s,t], read as
+  dQ (contracting t, the result read as [b,s,k,g,h]) and dK (contracting
+  g and s)."""
+  def fn(d_scores, k_blk, q):
+    ds = d_scores.astype(jnp.bfloat16)
+    dq = jnp.einsum("bkgst,btkh->bskgh", ds, k_blk)
+    dk = jnp.einsum("bkgst,bskgh->btkh", ds, q)
+    return dq, dk
+  b, k, s, t, h = PROBE, 2, 64, 16, 8
+  return fn, (jax.ShapeDtypeStruct((b, k, groups, s, t), jnp.float32),
+              jax.ShapeDtypeStruct((b, t, k, h), jnp.bfloat16),
+              jax.ShapeDtypeStruct((b, s, k, groups, h), jnp.bfloat16))
+
+
+def test_a_value_two_gemms_merge_in_two_orders_is_made_twice_on_a_gpu():
+  """With grouped queries dK merges (g, s) and dQ's result holds them as
+  (s, g): ds is made in a second layout, live from its fusion to the last
+  of the two matmuls, and the walk counts it there. With one query per kv
+  head (g = 1) nothing is merged in two orders."""
+  fn, args = _gqa_backward_block(groups=4)
+  plan, _ = _plan(fn, *args)
+  eqns = plan.jaxpr.eqns
+  ds = next(e.outvars[0] for e in eqns
+            if e.primitive.name == "convert_element_type")
+  dots = [i for i, e in enumerate(eqns) if e.primitive.name == "dot_general"]
+  got = xla_gpu_rules.second_layouts(eqns, plan.size, False)
+  key = (ds, jnp.dtype(jnp.bfloat16), "layout")
+  made = next(i for i, e in enumerate(eqns) if ds in e.outvars)
+  assert got == {key: (made, dots[-1], plan.size[ds])}
+  assert plan.stacks[key] == got[key]  # the GPU plan holds it
+  fn, args = _gqa_backward_block(groups=1)
+  plan, _ = _plan(fn, *args)
+  assert xla_gpu_rules.second_layouts(plan.jaxpr.eqns, plan.size, False) == {}
+
+
+def test_an_activation_and_its_weight_gradient_share_one_layout():
+  """x @ w and the weight gradient x^T @ dy merge x's (batch, seq) in the
+  same order: no second layout."""
+  def fn(x, w0, w, dy):
+    h = jnp.einsum("bsd,de->bse", x, w0)  # a GEMM's result: a buffer
+    return jnp.einsum("bse,ef->bsf", h, w), jnp.einsum("bse,bsf->ef", h, dy)
+  plan, _ = _plan(fn, jax.ShapeDtypeStruct((PROBE, 64, 16), jnp.float32),
+                  jnp.ones((16, 16)), jnp.ones((16, 32)),
+                  jax.ShapeDtypeStruct((PROBE, 64, 32), jnp.float32))
+  h = plan.jaxpr.eqns[0].outvars[0]
+  assert plan.size[h] != (0, 0)
+  assert xla_gpu_rules.second_layouts(plan.jaxpr.eqns, plan.size, False) == {}
+
+
 def _cast_in_loop(ws, xs):
   def body(c, w):
     return c + jnp.sum(xs @ w.astype(jnp.bfloat16)), None

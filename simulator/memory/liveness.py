@@ -348,6 +348,9 @@ class _Simulation:
       elif self.gpu and order == "deferred" and (
           key[0] == self.top or key[0] in self.micro_batch):
         plan.stacks.update(xla_gpu_rules.early_scatter_fills(plan.jaxpr))
+      if self.gpu:
+        plan.stacks.update(xla_gpu_rules.second_layouts(
+            plan.jaxpr.eqns, plan.size, local))
       self.plans[key] = plan
     return self.plans[key]
 
@@ -529,10 +532,13 @@ class _Simulation:
                   "gather": "transposed for its all-gather",
                   "operand": "all-gathered for its matmuls",
                   "early": "zero-filled early",
-                  "fill": "zero-filled early for its scatter-add"}[rule]
+                  "fill": "zero-filled early for its scatter-add",
+                  "layout": "made in a second layout for its other matmul"
+                  }[rule]
           out.append(LiveBuffer(
               f"{stack.aval.str_short()} {what}"
-              + ("" if rule in ("fill", "operand") else " outside its loop"),
+              + ("" if rule in ("fill", "operand", "layout")
+                 else " outside its loop"),
               xla_rules.shape_of(stack.aval, local or rule == "fill"),
               str(dtype),
               plan.stacks[v][2], (), False, hoisted=True))

@@ -58,6 +58,22 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   h100:2x8 8x2 (#6, loop_convert_fusion.10,
                   bf16[2,4,512,4096,4] twice), where program order frees
                   the cast p at the dV matmul before ds is made.
+  second layout   a GEMM merges each group of an operand's dims into one,
+                  so a group's dims lie in one order in memory; a value one
+                  matmul contracts over two or more dims and another keeps
+                  as rows its result holds in another order is made in both
+                  layouts by the fusion that makes it. With grouped queries
+                  the flash backward's ds (bf16[b,k,g,s,t]: dK contracts
+                  (g, s), dQ's result is read as [b,s,k,g,h]) is made three
+                  ways with p (fused_convert_transpose: [b,k,g,s,t] twice,
+                  [b,k,t,s,g]) at the peaks of mistral_7b h100:4x8 16x2
+                  (#119: -6.14% -> -4.24%) and in llama3_8b h100:2x8 8x2
+                  (#97, #133) and mixtral_mini h100:2x8 8x2 (#128: -5.99%
+                  -> -3.86%); two ways (loop_convert_fusion.10) at two
+                  sequences a device (mistral_7b h100:2x8 8x2 b16, #6), where
+                  it is an upper bound of one block. With one query per kv
+                  head no group has two dims of more than one element and
+                  the gpt2 and llama2_7b dumps make two.
   deferred scale the step's own norm-scale gradient (a reduction over the
   gradients      batch, not a matmul) is deferred with the weight-gradient
                   matmuls: in mistral_7b h100:2x8 8x2 (#6) and 2x8 (#18)
@@ -511,6 +527,54 @@ def early_scatter_fills(jaxpr) -> dict:
       out[(fill, np.dtype(fill.aval.dtype), "fill" if local else "early")
           ] = (first, i - 1, (nbytes, 0))
   return out
+
+
+def second_layouts(eqns, size: dict, local: bool) -> dict:
+  """The second-layout rule's buffers (module docstring), as weight stacks
+  are kept: {(value, dtype, "layout"): (the index that makes it, its last
+  matmul, bytes)} for each value with a buffer that one matmul contracts
+  over two or more dims of more than one element on a device and another
+  keeps as rows that its result, read only through a transpose, holds in
+  another order."""
+  made = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+  readers: dict = {}
+  for eqn in eqns:
+    for v in eqn.invars:
+      if isinstance(v, jcore.Var):
+        readers.setdefault(v, []).append(eqn)
+  reads: dict = {}  # value -> [(matmul index, contracted, row -> place)]
+  for i, eqn in enumerate(eqns):
+    if eqn.primitive.name != "dot_general":
+      continue
+    contracting, batch = eqn.params["dimension_numbers"]
+    free = [[d for d in range(len(v.aval.shape))
+             if d not in contracting[side] and d not in batch[side]]
+            for side, v in enumerate(eqn.invars[:2])]
+    out = eqn.outvars[0]
+    after = readers.get(out, [])
+    perm = (after[0].params["permutation"] if len(after) == 1
+            and after[0].primitive.name == "transpose" else None)
+    for side, var in enumerate(eqn.invars[:2]):
+      if not isinstance(var, jcore.Var) or size.get(var, (0, 0)) == (0, 0):
+        continue
+      shape = xla_rules.shape_of(var.aval, local)
+      first = len(batch[0]) + (0 if side == 0 else len(free[0]))
+      place = {d: first + k for k, d in enumerate(free[side])}
+      if perm is not None:
+        place = {d: list(perm).index(o) for d, o in place.items()}
+      reads.setdefault(var, []).append(
+          (i, [d for d in contracting[side] if shape[d] > 1], place))
+  found = {}
+  for var, uses in reads.items():
+    for i, group, _ in uses:
+      if len(group) >= 2 and any(
+          j != i and set(group) <= set(place)
+          and sorted(group) != sorted(group, key=place.get)
+          for j, _, place in uses):
+        found[(var, np.dtype(var.aval.dtype), "layout")] = (
+            made[var], max(j for j, _, _ in uses), size[var])
+        break
+  return found
 
 
 def _scattered_fills(eqn, local: bool) -> list[tuple]:
