@@ -595,4 +595,18 @@ CASES: list[Case] = [
     Case("mixtral_mini", "v5p-16", "4x2", 256, 2048, "full", "adamw", C),
     Case(GEMMA_2B, "v6e-8", "4x2", 8, 4096, "dots", "adamw", C),
     Case("llama2_70b", "v5p-512", "32x8", 1024, 2048, "full", "adamw", C),
+    # Held out in session 23: zero1 bf16 on v5e with TP, names with four
+    # loss chunks on v6e, offload with TP at seq 8192, 70B with adafactor,
+    # MQA with materialized attention over Y, zero2 bf16_master sgd on v4.
+    Case("llama2_7b", "v5e-64", "16x4", 48, 2048, "dots", "adamw", C,
+         shard="zero1", precision="bf16"),
+    Case("llama3_8b", "v6e-64", "32x2", 192, 4096, "names:qkv,mlp_hidden",
+         "adamw", C, loss_chunks=4),
+    Case("mistral_7b", "v5p-32", "4x4", 64, 8192, "offload:qkv,attn_out",
+         "adamw", C),
+    Case("llama2_70b", "v5p-512", "32x8", 1024, 4096, "full", "adafactor", C),
+    Case(GEMMA_2B, "v5e-16", "8x2", 32, 4096, "full", "adamw", C,
+         attention="materialized"),
+    Case(QWEN2_0_5B, "v4-16", "4x2", 128, 2048, "full", "sgd_momentum", C,
+         shard="zero2", precision="bf16_master"),
 ]
