@@ -147,8 +147,12 @@ _flash.defvjp(_flash_fwd, _backward)
 def flash(q, k, v, bias=None, causal=True, scale=None):
   block = min(FLASH_BLOCK, k.shape[1])
   if k.shape[1] % block:
-    raise ValueError(f"flash attention: sequence length {k.shape[1]} is not a "
-                     f"multiple of the block size {block}")
+    near = [n for n in (k.shape[1] // block * block,
+                        -(-k.shape[1] // block) * block) if n]
+    raise ValueError(
+        f"flash attention: sequence length {k.shape[1]} (with any image "
+        f"tokens) is not a multiple of its block size {block}; choose one "
+        f"that is ({' or '.join(map(str, near))}) or --attention=materialized")
   scale = q.shape[-1] ** -0.5 if scale is None else scale
   return _flash(q, k, v, bias, block, causal, scale)
 

@@ -61,3 +61,14 @@ def test_flash_saves_no_scores(qkv):
 def test_unknown_attention():
   with pytest.raises(ValueError, match="unknown attention 'sparse'"):
     attention.attend("sparse", None, None, None)
+
+
+def test_flash_names_the_lengths_its_blocks_divide(qkv, monkeypatch):
+  """A key length the flash block does not divide is a one-line error
+  naming the multiples on either side and the other attention."""
+  monkeypatch.setattr(attention, "FLASH_BLOCK", 24)  # 64 keys: 48 or 72
+  q, k, v = qkv
+  with pytest.raises(ValueError, match=r"sequence length 64 .* block size "
+                     r"24; choose one that is \(48 or 72\) or "
+                     r"--attention=materialized"):
+    attention.attend("flash", q, k, v)
