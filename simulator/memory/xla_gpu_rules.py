@@ -71,7 +71,9 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   (#97, #133) and mixtral_mini h100:2x8 8x2 (#128: -5.99%
                   -> -3.86%); two ways (loop_convert_fusion.10) at two
                   sequences a device (mistral_7b h100:2x8 8x2 b16, #6), where
-                  it is an upper bound of one block. With one query per kv
+                  it is an upper bound of one block, though the same plan
+                  at one and at four sequences a device (b8, b32) makes
+                  three. With one query per kv
                   head no group has two dims of more than one element and
                   the gpt2 and llama2_7b dumps make two.
   deferred scale the step's own norm-scale gradient (a reduction over the
