@@ -73,7 +73,8 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   sequences a device (mistral_7b h100:2x8 8x2 b16, #6), where
                   it is an upper bound of one block, though the same plan
                   at one and at four sequences a device (b8, b32) makes
-                  three. With one query per kv
+                  three; at three a device too (llama3_8b h100:4x8 16x2
+                  b48, #145, held out after the rule). With one query per kv
                   head no group has two dims of more than one element and
                   the gpt2 and llama2_7b dumps make two.
   deferred scale the step's own norm-scale gradient (a reduction over the
