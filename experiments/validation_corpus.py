@@ -609,4 +609,17 @@ CASES: list[Case] = [
          attention="materialized"),
     Case(QWEN2_0_5B, "v4-16", "4x2", 128, 2048, "full", "sgd_momentum", C,
          shard="zero2", precision="bf16_master"),
+    # Held out at the end of session 23: GQA with dots over 4-way TP on
+    # v5e, 70B over 4-way TP on v6e, remat offload with 8-bit AdamW, T5 on
+    # v6e, experts over X on v5e, 1F1B pipeline stages on v6e.
+    Case("llama3_8b", "v5e-64", "16x4", 96, 2048, "dots", "adamw", C),
+    Case("llama2_70b", "v6e-256", "64x4", 512, 4096, "full", "adamw", C),
+    Case("mistral_7b", "v6e-32", "16x2", 192, 4096, "offload:qkv",
+         "adamw_8bit", C),
+    Case("t5_3b", "v6e-16", "8x2", 1024, 512, "full", "adamw", C,
+         target_seq=128),
+    Case("mixtral_mini", "v5e-16", "8x2", 384, 2048, "full", "adamw", C,
+         expert_axis="x"),
+    Case("gpt2", "v6e-16", "4x2", 512, 1024, "full", "adamw", C, pp=2,
+         microbatches=4, schedule="1f1b"),
 ]
