@@ -337,7 +337,7 @@ from models import scopes
 from simulator.tracing import loops
 from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator.memory import xla_rules
-from simulator.tracing.program import subjaxprs
+from simulator.tracing.program import dot_result_dims, subjaxprs
 from simulator.tracing.trace import fusible, layout_of, made_by_backward
 
 
@@ -550,21 +550,16 @@ def second_layouts(eqns, size: dict, local: bool) -> dict:
     if eqn.primitive.name != "dot_general":
       continue
     contracting, batch = eqn.params["dimension_numbers"]
-    free = [[d for d in range(len(v.aval.shape))
-             if d not in contracting[side] and d not in batch[side]]
-            for side, v in enumerate(eqn.invars[:2])]
-    out = eqn.outvars[0]
-    after = readers.get(out, [])
-    perm = (after[0].params["permutation"] if len(after) == 1
+    after = readers.get(eqn.outvars[0], [])
+    perm = (list(after[0].params["permutation"]) if len(after) == 1
             and after[0].primitive.name == "transpose" else None)
-    for side, var in enumerate(eqn.invars[:2]):
+    for side, (var, dims) in enumerate(zip(eqn.invars[:2],
+                                           dot_result_dims(eqn))):
       if not isinstance(var, jcore.Var) or size.get(var, (0, 0)) == (0, 0):
         continue
       shape = xla_rules.shape_of(var.aval, local)
-      first = len(batch[0]) + (0 if side == 0 else len(free[0]))
-      place = {d: first + k for k, d in enumerate(free[side])}
-      if perm is not None:
-        place = {d: list(perm).index(o) for d, o in place.items()}
+      place = {d: o if perm is None else perm.index(o)  # rows only
+               for d, o in dims.items() if d not in batch[side]}
       reads.setdefault(var, []).append(
           (i, [d for d in contracting[side] if shape[d] > 1], place))
   found = {}

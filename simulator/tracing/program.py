@@ -124,6 +124,21 @@ class Program:
   traffic: list[Traffic] = dataclasses.field(default_factory=list)
 
 
+def dot_result_dims(eqn) -> tuple[dict[int, int], dict[int, int]]:
+  """Where a dot_general puts each operand's batch and free dims in its
+  result ({operand dim: result dim}, lhs then rhs): the batch dims first,
+  then the lhs's free dims, then the rhs's, each in operand order."""
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
+  lfree = [d for d in range(len(lhs)) if d not in lc and d not in lb]
+  rfree = [d for d in range(len(rhs)) if d not in rc and d not in rb]
+  of_l = {d: i for i, d in enumerate(lb)}
+  of_l.update({d: len(lb) + i for i, d in enumerate(lfree)})
+  of_r = {d: i for i, d in enumerate(rb)}
+  of_r.update({d: len(lb) + len(lfree) + i for i, d in enumerate(rfree)})
+  return of_l, of_r
+
+
 def dot_sharding(eqn, axes) -> tuple[dict[str, set], dict[str, int]]:
   """How XLA's SPMD partitioner runs one dot_general over the mesh `axes`
   (those of more than one device): ({"l": axes, "r": axes} each operand is
@@ -134,17 +149,12 @@ def dot_sharding(eqn, axes) -> tuple[dict[str, set], dict[str, int]]:
   operand shards elsewhere, is gathered."""
   lhs, rhs = eqn.invars
   out = eqn.outvars[0]
-  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-  lc, rc, lb, rb = map(list, (lc, rc, lb, rb))
+  (lc, rc), _ = eqn.params["dimension_numbers"]
+  lc, rc = list(lc), list(rc)
   ls, rs = lhs.aval.shape, rhs.aval.shape
   Ls, Rs = _spec(lhs.aval, len(ls)), _spec(rhs.aval, len(rs))
   Os = _spec(out.aval, len(out.aval.shape))
-  lfree = [d for d in range(len(ls)) if d not in lc and d not in lb]
-  rfree = [d for d in range(len(rs)) if d not in rc and d not in rb]
-  out_of_l = {d: i for i, d in enumerate(lb)}
-  out_of_l.update({d: len(lb) + i for i, d in enumerate(lfree)})
-  out_of_r = {d: i for i, d in enumerate(rb)}
-  out_of_r.update({d: len(lb) + len(lfree) + i for i, d in enumerate(rfree)})
+  out_of_l, out_of_r = dot_result_dims(eqn)
   gather: dict[str, set] = {"l": set(), "r": set()}
   partial: dict[str, int] = {}  # axis -> contracting pair index
   for a in axes:
