@@ -96,6 +96,51 @@ def test_a_multi_step_collective_fusion_is_one_collective():
   assert H.summarize(colls)["all-gather@X"]["out_bytes"] == 2 * 896 * 64 * 2
 
 
+TWO_LOOPS = textwrap.dedent("""\
+    HloModule m
+
+    %fwd_body (p: (s32[], bf16[4,8])) -> (s32[], bf16[4,8]) {
+      %p = (s32[], bf16[4,8]{1,0}) parameter(0)
+      %i = s32[] get-tuple-element(%p), index=0
+      %x = bf16[4,8]{1,0} get-tuple-element(%p), index=1
+      %cp.1 = bf16[4,8]{1,0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{1,2},{2,3}}
+      ROOT %t = (s32[], bf16[4,8]{1,0}) tuple(%i, %cp.1)
+    }
+
+    %bwd_body (q: (s32[], bf16[4,8])) -> (s32[], bf16[4,8]) {
+      %q = (s32[], bf16[4,8]{1,0}) parameter(0)
+      %j = s32[] get-tuple-element(%q), index=0
+      %y = bf16[4,8]{1,0} get-tuple-element(%q), index=1
+      %cp.2 = bf16[4,8]{1,0} collective-permute(%y), channel_id=1, source_target_pairs={{1,0},{2,1},{3,2}}
+      ROOT %u = (s32[], bf16[4,8]{1,0}) tuple(%j, %cp.2)
+    }
+
+    %cond (c: (s32[], bf16[4,8])) -> pred[] {
+      %c = (s32[], bf16[4,8]{1,0}) parameter(0)
+      %k = s32[] get-tuple-element(%c), index=0
+      %n = s32[] constant(11)
+      ROOT %lt = pred[] compare(%k, %n), direction=LT
+    }
+
+    ENTRY %main (a: (s32[], bf16[4,8])) -> (s32[], bf16[4,8]) {
+      %a = (s32[], bf16[4,8]{1,0}) parameter(0)
+      %w1 = (s32[], bf16[4,8]{1,0}) while(%a), condition=%cond, body=%fwd_body
+      ROOT %w2 = (s32[], bf16[4,8]{1,0}) while(%w1), condition=%cond, body=%bwd_body
+    }
+    """)
+
+
+def test_collectives_outside_fusions_are_each_their_own():
+  """A shard_map with every mesh axis manual gives its collectives one
+  channel id: the forward loop's permute and the backward loop's are two
+  collectives that each run every iteration (#87), not one fusion's
+  copies."""
+  colls, known = H.parse_collectives(TWO_LOOPS, (4,), ("P",))
+  assert known
+  assert sorted(c.name for c in colls) == ["cp.1", "cp.2"]
+  assert [c.count for c in colls] == [11, 11]
+
+
 def test_shape_bytes():
   assert H.shape_bytes("(bf16[2,3]{1,0}, f32[4]{0}, s32[])") == 12 + 16 + 4
 

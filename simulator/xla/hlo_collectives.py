@@ -29,8 +29,13 @@ once. In qwen2-0.5b v5e-8 8x1 b16 s4096 dots (validation corpus #128), the
 MLP weight's gather channel_id=54 sits in async-collective-start.6,
 fusion.508, async-collective-done.6 and fusion.513's computations: counted
 four times, the step's all-gathers read 4.31 GiB per device against the
-traced program's 1.84; once, 1.91. Copies that share a channel id, kind,
-shapes and run count are one collective.
+traced program's 1.84; once, 1.91. Copies inside fusions' computations
+that share a channel id, kind, shapes and run count are one collective
+(none where one such collective sits outside a fusion). Collectives outside
+fusions are each their own, channel ids alike: a shard_map with every mesh
+axis manual gives its collectives channel_id=1, the forward's permute and
+its transpose's in the backward loop alike (gpt2 v5p-8 P4x1x1, corpus #87:
+collective-permute-start.1 and collective-permute-start, each run 11 times).
 """
 
 from __future__ import annotations
@@ -244,8 +249,10 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
   """(collectives, trip_counts_known) for a compiled module's `as_text()`."""
   comps = _computations(hlo_text)
   mult, known = _multipliers(hlo_text, comps)
+  fused = _fused(comps)
   out = []
-  seen: set = set()  # (channel, kind, shapes, runs) of the copies listed
+  cloned: dict = {}  # (channel, kind, shapes, runs) -> its first fused copy
+  direct: set = set()  # the keys of the collectives outside fusions
   for comp, lines in comps.items():
     shapes: dict[str, str] = {}
     header = lines[0]
@@ -268,16 +275,36 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
         ctx = sum(shape_bytes(t) for t in re.findall(r"[us]32\[\]", result))
         out_bytes = max(out_bytes - in_bytes - ctx, 0) or in_bytes
       count = max(mult.get(comp, 1), 1)
-      channel = re.search(r"channel_id=(\d+)", rest)
-      if channel:
-        key = (channel.group(1), km.group(1), in_bytes, out_bytes, count)
-        if key in seen:  # another step of a multi-step collective fusion
-          continue
-        seen.add(key)
       groups, axes = _groups_and_axes(line, list(mesh_shape), list(axis_names))
-      out.append(HloCollective(km.group(1), axes, in_bytes, out_bytes,
-                               count, name, comp, groups))
-  return out, known
+      c = HloCollective(km.group(1), axes, in_bytes, out_bytes, count, name,
+                        comp, groups)
+      channel = re.search(r"channel_id=(\d+)", rest)
+      key = channel and (channel.group(1), km.group(1), in_bytes, out_bytes,
+                         count)
+      if key and comp in fused:  # maybe one step of a multi-step fusion
+        cloned.setdefault(key, c)
+      else:
+        out.append(c)
+        direct.add(key)
+  return out + [c for k, c in cloned.items() if k not in direct], known
+
+
+def _fused(comps: dict[str, list[str]]) -> set[str]:
+  """The computations fusions call, and what those call in turn: where
+  libtpu's multi-step collective fusion puts its copies of a collective."""
+  callees = {name: [c for line in lines[1:] for c in
+                    re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", line)]
+             for name, lines in comps.items()}
+  todo = [c for lines in comps.values() for line in lines[1:]
+          if (m := _INSTR.match(line)) and m.group(3) == "fusion"
+          for c in re.findall(r"calls=%?([\w.\-]+)", line)]
+  fused: set[str] = set()
+  while todo:
+    name = todo.pop()
+    if name not in fused:
+      fused.add(name)
+      todo += callees.get(name, [])
+  return fused
 
 
 def summarize(collectives: Iterable[HloCollective]) -> dict[str, dict[str, int]]:
