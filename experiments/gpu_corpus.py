@@ -356,15 +356,33 @@ CASES: list[Case] = [
          "adamw", GC),
     Case("llama3_8b", "h200:2x8", "16x1", 96, 4096, "dots", "adamw", GC,
          loss_chunks=2),
+    # Held out in session 24, compiled with no rule changed: QLoRA over
+    # two hosts, a 2-step accumulation with dots on H200, T5 and a
+    # vision-language model, 8-bit AdamW over four hosts, zero2
+    # bf16_master SGD on A100s, 70B over eight H200 hosts, Qwen's experts.
+    Case("llama2_7b", "h100:2x8", "8x2", 768, 2048, "full", "adamw", GC,
+         precision="bf16", lora_rank=16, base_quant="nf4"),
+    Case("llama3_8b", "h200:8", "8x1", 48, 4096, "dots", "adamw", GC,
+         grad_accum=2),
+    Case("t5_large", "a100:8", "4x2", 3072, 512, "full", "adamw", GC,
+         target_seq=128),
+    Case("llava_mini", "h100:8", "8x1", 2048, 768, "full", "adamw", GC),
+    Case("mistral_7b", "h100:4x8", "32x1", 512, 4096, "full", "adamw_8bit",
+         GC),
+    Case(QWEN2_0_5B, "a100:2x8", "16x1", 256, 2048, "dots", "sgd_momentum",
+         GC, shard="zero2", precision="bf16_master"),
+    Case("llama2_70b", "h200:8x8", "32x2", 512, 4096, "full", "adamw", GC),
+    Case(QWEN_MOE_4L, "h100:8", "4x2", 160, 2048, "full", "adamw", GC),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:
 # its Triton GEMM emitter finds no tiling for the vision tower's attention
 # output matmul at 4 and 8 images of 257 tokens a device (bf16[1028,512]
-# over 4x2 TP, #39, and over 8x1, #99, #100; bf16[2056,512], #107, #108);
-# at 2 images a device it compiles (#49).
+# over 4x2 TP, #39, and over 8x1, #99, #100; bf16[2056,512], #107, #108),
+# and at 256 images a device, held-out #154 (bf16[65792,512]); at 2 images
+# a device it compiles (#49).
 COMPILER_FAILS = {i: "Couldn't find output tile sizes"
-                  for i in (39, 99, 100, 107, 108)}
+                  for i in (39, 99, 100, 107, 108, 154)}
 
 
 def single_gpu_cases() -> list[int]:
