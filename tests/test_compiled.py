@@ -130,6 +130,51 @@ TWO_LOOPS = textwrap.dedent("""\
     """)
 
 
+STEP_IN_A_LOOP = textwrap.dedent("""\
+    HloModule m
+
+    %start (param_0: bf16[112,64]) -> bf16[896,64] {
+      %param_0 = bf16[112,64]{1,0} parameter(0)
+      ROOT %all-gather.1 = bf16[896,64]{1,0} all-gather(%param_0), channel_id=48, replica_groups=[1,8]<=[8], dimensions={0}, use_global_device_ids=true
+    }
+
+    %step (param_1: bf16[112,64]) -> bf16[896,64] {
+      %param_1 = bf16[112,64]{1,0} parameter(0)
+      ROOT %all-gather.2 = bf16[896,64]{1,0} all-gather(%param_1), channel_id=48, replica_groups=[1,8]<=[8], dimensions={0}, use_global_device_ids=true
+    }
+
+    %body (p: (s32[], bf16[112,64])) -> (s32[], bf16[112,64]) {
+      %p = (s32[], bf16[112,64]{1,0}) parameter(0)
+      %i = s32[] get-tuple-element(%p), index=0
+      %x = bf16[112,64]{1,0} get-tuple-element(%p), index=1
+      %f = bf16[896,64]{1,0} fusion(%x), kind=kCustom, calls=%step
+      ROOT %t = (s32[], bf16[112,64]{1,0}) tuple(%i, %x)
+    }
+
+    %cond (c: (s32[], bf16[112,64])) -> pred[] {
+      %c = (s32[], bf16[112,64]{1,0}) parameter(0)
+      %k = s32[] get-tuple-element(%c), index=0
+      %n = s32[] constant(8)
+      ROOT %lt = pred[] compare(%k, %n), direction=LT
+    }
+
+    ENTRY %main (a: (s32[], bf16[112,64])) -> (s32[], bf16[112,64]) {
+      %a = (s32[], bf16[112,64]{1,0}) parameter(0)
+      %x0 = bf16[112,64]{1,0} get-tuple-element(%a), index=1
+      %s = bf16[896,64]{1,0} fusion(%x0), kind=kCustom, calls=%start
+      ROOT %w = (s32[], bf16[112,64]{1,0}) while(%a), condition=%cond, body=%body
+    }
+    """)
+
+
+def test_a_fusion_step_inside_a_loop_is_the_collective_run_once():
+  """libtpu put a step of the attention output weight's gather inside the
+  flash attention's key-block loop (#133, v5e): the data moves as often as
+  its start runs, not once per iteration of that loop."""
+  colls, _ = H.parse_collectives(STEP_IN_A_LOOP, (8, 1))
+  assert [(c.name, c.count) for c in colls] == [("all-gather.1", 1)]
+
+
 def test_collectives_outside_fusions_are_each_their_own():
   """A shard_map with every mesh axis manual gives its collectives one
   channel id: the forward loop's permute and the backward loop's are two

@@ -29,9 +29,15 @@ once. In qwen2-0.5b v5e-8 8x1 b16 s4096 dots (validation corpus #128), the
 MLP weight's gather channel_id=54 sits in async-collective-start.6,
 fusion.508, async-collective-done.6 and fusion.513's computations: counted
 four times, the step's all-gathers read 4.31 GiB per device against the
-traced program's 1.84; once, 1.91. Copies inside fusions' computations
-that share a channel id, kind, shapes and run count are one collective
-(none where one such collective sits outside a fusion). Collectives outside
+traced program's 1.84; once, 1.91. A step may sit in a loop the
+collective's start is outside: in mistral_7b v5e-64 64x1 s4096 (#133) the
+attention output weight's gather (channel_id=48) has a step in
+fusion.608, inside the flash attention's loop over 8 key blocks, run 256
+times a step where its start runs 32 (once a layer): counted at each
+copy's own runs, the step's all-gathers read 49.5 GiB against the traced
+program's 26.5. Copies inside fusions' computations that share a channel
+id, kind and shapes are one collective, run as often as the copy run
+least (none where one such collective sits outside a fusion). Collectives outside
 fusions are each their own, channel ids alike: a shard_map with every mesh
 axis manual gives its collectives channel_id=1, the forward's permute and
 its transpose's in the backward loop alike (gpt2 v5p-8 P4x1x1, corpus #87:
@@ -251,7 +257,7 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
   mult, known = _multipliers(hlo_text, comps)
   fused = _fused(comps)
   out = []
-  cloned: dict = {}  # (channel, kind, shapes, runs) -> its first fused copy
+  cloned: dict = {}  # (channel, kind, shapes) -> its fused copy run least
   direct: set = set()  # the keys of the collectives outside fusions
   for comp, lines in comps.items():
     shapes: dict[str, str] = {}
@@ -279,10 +285,10 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
       c = HloCollective(km.group(1), axes, in_bytes, out_bytes, count, name,
                         comp, groups)
       channel = re.search(r"channel_id=(\d+)", rest)
-      key = channel and (channel.group(1), km.group(1), in_bytes, out_bytes,
-                         count)
+      key = channel and (channel.group(1), km.group(1), in_bytes, out_bytes)
       if key and comp in fused:  # maybe one step of a multi-step fusion
-        cloned.setdefault(key, c)
+        if key not in cloned or count < cloned[key].count:
+          cloned[key] = c  # the step a loop runs least: the collective's
       else:
         out.append(c)
         direct.add(key)
