@@ -231,25 +231,3 @@ def test_an_operand_only_gathering_matmuls_read_dies_at_its_gather():
   (first, last, _), = [r for k, r in plan.stacks.items()
                        if k[2] == "operand" and k[0].value is dy]
   assert (first, last) == (dots[0] + 1, dots[2])
-
-
-def test_a_loop_reads_its_operands_from_buffers():
-  """A while loop's operands are buffers (kWhile takes its init as a tuple
-  of them): the f32 h, cast to bf16 and reshaped (a view) into a loop's
-  carry, dies at the cast, which has a buffer of its own; fused into the
-  loop instead, h would be held through it (llama2_7b h100:1, the output
-  projection's f32 input gradient through the layers' backward: +0.5 GiB,
-  gpu corpus #28)."""
-  def f(x, w):
-    y = (x @ w * 2.0).astype(jnp.bfloat16).reshape(4, 8, 32)
-    out, _ = jax.lax.scan(lambda c, _: (jnp.tanh(c), None), y, None,
-                          length=3)
-    return jnp.sum(out)
-
-  points = liveness.simulate(jax.make_jaxpr(f)(jnp.ones((32, 64)),
-                                               jnp.ones((64, 32))), 0)
-  in_loop = [i for i, w in enumerate(points.where) if " > " in w]
-  assert in_loop
-  for i in in_loop:
-    assert all(b.dtype == "bfloat16" for b in points.live(i)), [
-        (b.dtype, b.shape, b.where) for b in points.live(i)]

@@ -174,7 +174,6 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
                | xla_gpu_rules.host_operands_in_place(eqns, readers, gpu))
   producer = {v: eqn for eqn in eqns for v in eqn.outvars}
   sunk = xla_gpu_rules.sunk_into_loops(eqns, readers, producer, gpu)
-  carried = xla_rules.loop_carries(eqns, producer)
   chain_producers = xla_gpu_rules.chain_producers(producer, gpu)
   kept_apart, gradients = (xla_gpu_rules.cublas_logits(eqns) if apart
                            else (set(), set()))
@@ -187,7 +186,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
         continue
       fused = v not in gradients and (
           id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
-              v not in outs and v not in carried and xla_rules.fused_away(
+              v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
                   v in chained, chain_producers, sole_matmul_in)))
       if fused or v in in_place:

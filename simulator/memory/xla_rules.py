@@ -11,13 +11,6 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   buffer, and its operands live until those readers run (the
                   norms' f32 chains, the loss's exp feeding its row sum: at
                   no dumped peak);
-  loop carries    a loop's initial carries are buffers (a kWhile's operands
-                  are), so the elementwise chain that makes one, through
-                  views, is not fused into the loop: it ends in a buffer and
-                  its inputs die there. The final norm's backward, cast to
-                  bf16 into the layers' backward loop with Y = 1, has its
-                  bf16 result at llama2_7b h100:1 b16's peak and not the f32
-                  input gradient it is made from (gpu corpus #28);
   output fusion   a matmul of activations is computed once, with the
                   elementwise chain that reads it while each value has one
                   reader: the chain's last value is the fusion's one buffer,
@@ -818,25 +811,6 @@ def updates_in_place(eqn) -> bool:
 
 def loop_fusible(eqn) -> bool:
   return fusible(eqn) or eqn.primitive.name in _LOOP_OPS
-
-
-def loop_carries(eqns, producer: dict) -> set:
-  """The values loops take as their initial carries, through views (the
-  loop-carries rule): a kWhile's operands are buffers, so the elementwise
-  chain that makes one is not fused into the loop."""
-  out = set()
-  for eqn in eqns:
-    if not runs_whole(eqn):
-      continue
-    consts, carries = (loops.scan_counts(eqn) if eqn.primitive.name == "scan"
-                       else (sum(loops.while_counts(eqn)), len(eqn.outvars)))
-    for v in eqn.invars[consts:consts + carries]:
-      while isinstance(v, jcore.Var) and v in producer and is_view(
-          producer[v]):
-        v = producer[v].invars[0]
-      if isinstance(v, jcore.Var):
-        out.add(v)
-  return out
 
 
 def absorbs(eqn) -> bool:
