@@ -37,8 +37,8 @@ times a step where its start runs 32 (once a layer): counted at each
 copy's own runs, the step's all-gathers read 49.5 GiB against the traced
 program's 26.5. Copies inside fusions' computations that share a channel
 id, kind and shapes are one collective, run as often as the copy run
-least (none where one such collective sits outside a fusion). Collectives outside
-fusions are each their own, channel ids alike: a shard_map with every mesh
+least (none where one such collective sits outside a fusion).
+Collectives outside fusions are each their own, channel ids alike: a shard_map with every mesh
 axis manual gives its collectives channel_id=1, the forward's permute and
 its transpose's in the backward loop alike (gpt2 v5p-8 P4x1x1, corpus #87:
 collective-permute-start.1 and collective-permute-start, each run 11 times).
@@ -288,10 +288,11 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
       key = channel and (channel.group(1), km.group(1), in_bytes, out_bytes)
       if key and comp in fused:  # maybe one step of a multi-step fusion
         if key not in cloned or count < cloned[key].count:
-          cloned[key] = c  # the step a loop runs least: the collective's
+          cloned[key] = c  # the step run least: the collective's own runs
       else:
         out.append(c)
-        direct.add(key)
+        if key:
+          direct.add(key)
   return out + [c for k, c in cloned.items() if k not in direct], known
 
 
