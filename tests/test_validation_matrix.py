@@ -37,6 +37,22 @@ def test_summary_reports_each_part_apart():
          "39.00%" in text
 
 
+def test_the_summary_says_what_the_smaller_schedule_would_give():
+  """Beside the kept (larger) schedule's errors, the smaller's: how many
+  rows it would put under XLA's peak, the dangerous side."""
+  rows = [_row("gpt2", 0.02, 0.0, "check"), _row("gpt2", 0.30, 0.0, "check"),
+          _row("tiny", 0.5, 0.0, "toy")]
+  rows[0]["relative_error"]["peak_smaller_schedule"] = 0.01
+  rows[1]["relative_error"]["peak_smaller_schedule"] = -0.20
+  rows[2]["relative_error"]["peak_smaller_schedule"] = -0.40
+  text = "\n".join(vm.summary(rows))
+  assert ("peak_no_overhead with the smaller simulated schedule kept instead "
+          "of the larger (check): |relative error| median 10.50%, worst "
+          "20.00%; under XLA's by more than 5%: 1 of 2, down to -20.00%"
+          in text), text
+  assert "larger (toy)" not in text
+
+
 def test_a_summary_of_host_streamed_rows_alone_has_no_flops_median():
   """A table whose only compiled row streams its layers from host memory
   (the first row of a compile batch, say) gets a summary, not an error."""
@@ -105,6 +121,11 @@ def test_recheck_recomputes_the_symbolic_side_against_kept_figures():
   got = crosscheck.recheck(row)
   assert got["relative_error"]["arguments"] == 0
   assert got["relative_error"]["peak_no_overhead"] == 0
+  # the kept schedules' peaks: the largest is the estimate's, none above it
+  schedules = got["symbolic"]["schedule_peaks"]
+  assert not schedules or max(schedules.values()) == peak
+  assert got["relative_error"]["peak_smaller_schedule"] == (
+      (min(schedules.values()) - peak) / peak if schedules else 0)
   assert got["symbolic"]["peak_no_overhead"] == peak
   assert got["collectives"]["symbolic_bytes"] > 0  # tiny 2x2 communicates
 

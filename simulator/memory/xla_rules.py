@@ -354,25 +354,35 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   scheduler (--xla_memory_scheduler=default in the dumped
                   flagfile; OpenXLA's DefaultMemoryScheduler), which makes a
                   list, a DFS and a post-order schedule and keeps the one
-                  its own heap simulation finds smallest, before fusion's
-                  later passes; the latency-hiding scheduler keeps it:
-                  gpt2 v5p-8 1x4 b8 dots adafactor (#2) and mixtral_mini
-                  v5p-8 4x1 b16 (#75) compile to the same peak with
-                  --xla_tpu_enable_latency_hiding_scheduler=false, and #2
-                  to the same with its memory limit at 1% or with memory-
-                  pressure tracking off. Forced by
-                  LIBTPU_INIT_ARGS=--xla_memory_scheduler=..., #75's
-                  default peak is the DFS schedule's (2845435584 bytes,
-                  the output projection's gradient first; the traced
-                  order's simulation +0.56%) and its post-order schedule
-                  holds the logits gradient through the layers' backward
-                  (3716463296 bytes; the deferred order's simulation
-                  +1.07%); #2's default is the post-order schedule
-                  (713492320, deferred; DFS 713502048), though the list
-                  schedule's compiled peak is smaller (707332960): the
-                  choice is made on XLA's figures for the unfused program,
-                  not on the final peak, so the smaller simulated order is
-                  not always XLA's. Emulating the DFS scheduler's operand
+                  its own heap simulation finds smallest (OpenXLA's
+                  HeapSimulator::MinimumMemoryForModule, fragmentation not
+                  counted), on the fused program: of #2's 251 pass dumps
+                  (compiled.compile_report(..., dump_passes='.*')) the first
+                  scheduled module is the one after
+                  hlo-memory-scheduler-with-brkga-fallback (libtpu's
+                  final_scheduler pipeline, dump 0201, its BRKGA fallback
+                  off in the flagfile), after Main_fusion and the
+                  multi-output fusions, before the latency-hiding scheduler
+                  (0205-0206) and the final rematerialization (0208); the
+                  latency-hiding scheduler keeps the order: gpt2 v5p-8 1x4
+                  b8 dots adafactor (#2) and mixtral_mini v5p-8 4x1 b16
+                  (#75) compile to the same peak with
+                  --xla_tpu_enable_latency_hiding_scheduler=false, and #2 to
+                  the same with its memory limit at 1% or with
+                  memory-pressure tracking off. Forced by
+                  LIBTPU_INIT_ARGS=--xla_memory_scheduler=..., #75's default
+                  peak is the DFS schedule's (2845435584 bytes, the output
+                  projection's gradient first; the traced order's simulation
+                  +0.56%) and its post-order schedule holds the logits
+                  gradient through the layers' backward (3716463296 bytes;
+                  the deferred order's simulation +1.07%); #2's default is
+                  the post-order schedule (713492320, deferred; DFS
+                  713502048), though the list schedule's compiled peak is
+                  smaller (707332960): the choice is made on the scheduler's
+                  own figure, before the passes after it and without
+                  fragmentation, not on the final peak, so the smaller
+                  simulated order is not always XLA's. Emulating the DFS
+                  scheduler's operand
                   order (transitive fan-out, then transitive bytes, both
                   capped, then instruction names) on the HLO is not done
                   here, so the simulation runs the step both ways
