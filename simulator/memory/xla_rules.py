@@ -363,8 +363,13 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   final_scheduler pipeline, dump 0201, its BRKGA fallback
                   off in the flagfile), after Main_fusion and the
                   multi-output fusions, before the latency-hiding scheduler
-                  (0205-0206) and the final rematerialization (0208); the
-                  latency-hiding scheduler keeps the order: gpt2 v5p-8 1x4
+                  (0205-0206) and the final rematerialization (0208); on
+                  v5p and v6e the latency-hiding scheduler keeps the order
+                  (eight rows, README), on v5e not always (#246: it moves
+                  the output projection's weight-gradient fusion after the
+                  layers' backward loop, 7.33 GiB with it off, 12.70 on,
+                  XLA's own estimate for the DFS schedule it chose 7.33,
+                  logged by --vmodule=hlo_memory_scheduler=2): gpt2 v5p-8 1x4
                   b8 dots adafactor (#2) and mixtral_mini v5p-8 4x1 b16
                   (#75) compile to the same peak with
                   --xla_tpu_enable_latency_hiding_scheduler=false, and #2 to
