@@ -652,4 +652,21 @@ CASES: list[Case] = [
          shard="zero1", precision="bf16_master"),
     Case("llama3_8b", "v5p-64", "16x2", 384, 4096, "names:qkv",
          "sgd_momentum", C),
+    # Held out in session 25, compiled with no rule changed: 70B over 8-way
+    # TP, v5e with TP over two devices (where the latency-hiding scheduler
+    # held the logits in #96, #188, #246), adafactor over 4-way TP on v6e,
+    # MQA on v4, a chunked loss with names remat at seq 4096, zero2 bf16
+    # over 8-way TP on v5e, experts over capacity on v6e, T5 on v4.
+    Case("llama2_70b", "v5p-256", "16x8", 128, 4096, "dots", "adamw", C),
+    Case("llama3_8b", "v5e-64", "32x2", 256, 2048, "full", "adamw", C),
+    Case("mistral_7b", "v6e-64", "16x4", 256, 4096, "full", "adafactor", C),
+    Case(GEMMA_2B, "v4-32", "16x1", 128, 2048, "full", "adamw", C),
+    Case(QWEN2_0_5B, "v5p-8", "4x1", 64, 4096, "names:qkv,mlp_hidden",
+         "adamw", C, loss_chunks=4),
+    Case("llama2_13b", "v5e-128", "16x8", 128, 2048, "full", "adamw", C,
+         shard="zero2", precision="bf16"),
+    Case("mixtral_mini", "v6e-16", "16x1", 512, 2048, "full", "adamw", C,
+         capacity_factor=1.25),
+    Case("t5_large", "v4-16", "8x1", 1024, 512, "full", "adafactor", C,
+         target_seq=128),
 ]
