@@ -669,4 +669,16 @@ CASES: list[Case] = [
          capacity_factor=1.25),
     Case("t5_large", "v4-16", "8x1", 1024, 512, "full", "adafactor", C,
          target_seq=128),
+    # Held out in session 25 to test a prediction written before they were
+    # compiled: on v5e, XLA's peak is the deferred schedule's where TP spans
+    # two devices (the latency-hiding scheduler's move in #96, #188, #246)
+    # and the traced schedule's otherwise.
+    Case("gpt2", "v5e-8", "2x4", 32, 1024, "full", "adamw", C),
+    Case("gpt2", "v5e-4", "1x4", 16, 1024, "dots", "adamw", C),
+    Case("llama2_7b", "v5e-16", "8x2", 64, 2048, "full", "adamw", C),
+    Case("mistral_7b", "v5e-64", "64x1", 128, 2048, "full", "adamw", C),
+    Case("llama3_8b", "v5e-32", "8x4", 64, 2048, "full", "adamw", C),
+    Case(QWEN2_0_5B, "v5e-8", "4x2", 64, 2048, "full", "adamw", C),
+    Case(GEMMA_2B, "v5e-16", "16x1", 64, 2048, "full", "adamw", C),
+    Case("mixtral_mini", "v5e-8", "4x2", 64, 2048, "full", "adamw", C),
 ]
