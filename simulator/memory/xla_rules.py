@@ -350,11 +350,11 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   XLA's peak at 967 in it), with the output projection's
                   gradient deferred too (convolution_bitcast_fusion.11 at
                   1133).
-                  Which order XLA runs is the choice of its memory
-                  scheduler (--xla_memory_scheduler=default in the dumped
-                  flagfile; OpenXLA's DefaultMemoryScheduler), which makes a
-                  list, a DFS and a post-order schedule and keeps the one
-                  its own heap simulation finds smallest (OpenXLA's
+                  Which order XLA runs is the choice of its memory scheduler
+                  (--xla_memory_scheduler=default in the dumped flagfile;
+                  OpenXLA's DefaultMemoryScheduler), which makes a list, a
+                  DFS and a post-order schedule and keeps the one its own
+                  heap simulation finds smallest (OpenXLA's
                   HeapSimulator::MinimumMemoryForModule, fragmentation not
                   counted), on the fused program: of #2's 251 pass dumps
                   (compiled.compile_report(..., dump_passes='.*')) the first
@@ -363,14 +363,14 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   final_scheduler pipeline, dump 0201, its BRKGA fallback
                   off in the flagfile), after Main_fusion and the
                   multi-output fusions, before the latency-hiding scheduler
-                  (0205-0206) and the final rematerialization (0208); on
-                  v5p and v6e the latency-hiding scheduler keeps the order
+                  (0205-0206) and the final rematerialization (0208); on v5p
+                  and v6e the latency-hiding scheduler keeps the order
                   (eight rows, README), on v5e not always (#246: it moves
                   the output projection's weight-gradient fusion after the
                   layers' backward loop, 7.33 GiB with it off, 12.70 on,
                   XLA's own estimate for the DFS schedule it chose 7.33,
-                  logged by --vmodule=hlo_memory_scheduler=2): gpt2 v5p-8 1x4
-                  b8 dots adafactor (#2) and mixtral_mini v5p-8 4x1 b16
+                  logged by --vmodule=hlo_memory_scheduler=2): gpt2 v5p-8
+                  1x4 b8 dots adafactor (#2) and mixtral_mini v5p-8 4x1 b16
                   (#75) compile to the same peak with
                   --xla_tpu_enable_latency_hiding_scheduler=false, and #2 to
                   the same with its memory limit at 1% or with
@@ -387,15 +387,14 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   own figure, before the passes after it and without
                   fragmentation, not on the final peak, so the smaller
                   simulated order is not always XLA's. Emulating the DFS
-                  scheduler's operand
-                  order (transitive fan-out, then transitive bytes, both
-                  capped, then instruction names) on the HLO is not done
-                  here, so the simulation runs the step both ways
-                  (liveness.simulate: deferred, and in the traced order)
-                  and keeps the larger peak (the T5
-                  step t5-v1_1-small v5p-16 8x1, whose traced order holds
-                  more: -6.6% with the deferred order alone, -1.5% with
-                  both); near that limit see rematerialized logits;
+                  scheduler's operand order (transitive fan-out, then
+                  transitive bytes, both capped, then instruction names) on
+                  the HLO is not done here, so the simulation runs the step
+                  both ways (liveness.simulate: deferred, and in the traced
+                  order) and keeps the larger peak (the T5 step
+                  t5-v1_1-small v5p-16 8x1, whose traced order holds more:
+                  -6.6% with the deferred order alone, -1.5% with both);
+                  near that limit see rematerialized logits;
   rematerialized  where the deferred order's peak (arguments included, no
   logits          planning overhead) would be over XLA's rematerialization
                   limit, 95% of the chip's HBM (95 GiB on v5p, the
