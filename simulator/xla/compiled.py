@@ -485,8 +485,8 @@ def errors(sym: dict[str, Any], comp: dict[str, Any]) -> dict[str, Any]:
           "peak": _rel(sym["peak"], comp["peak_bytes"]),
           "peak_no_overhead": _rel(sym["peak_no_overhead"], comp["peak_bytes"]),
           "peak_smaller_schedule": _rel(
-              min((sym.get("schedule_peaks")
-                   or {"": sym["peak_no_overhead"]}).values()),
+              min(sym["schedule_peaks"].values(),
+                  default=sym["peak_no_overhead"]),
               comp["peak_bytes"])}
 
 

@@ -38,10 +38,11 @@ copy's own runs, the step's all-gathers read 49.5 GiB against the traced
 program's 26.5. Copies inside fusions' computations that share a channel
 id, kind and shapes are one collective, run as often as the copy run
 least (none where one such collective sits outside a fusion).
-Collectives outside fusions are each their own, channel ids alike: a shard_map with every mesh
-axis manual gives its collectives channel_id=1, the forward's permute and
-its transpose's in the backward loop alike (gpt2 v5p-8 P4x1x1, corpus #87:
-collective-permute-start.1 and collective-permute-start, each run 11 times).
+Collectives outside fusions are each their own, channel ids alike: a
+shard_map with every mesh axis manual gives its collectives channel_id=1,
+the forward's permute and its transpose's in the backward loop alike (gpt2
+v5p-8 P4x1x1, corpus #87: collective-permute-start.1 and
+collective-permute-start, each run 11 times).
 """
 
 from __future__ import annotations
