@@ -8,7 +8,9 @@ simulator.tracing.batch_probe), so the largest global batch whose compiler-compa
 peak stays within --hbm_fraction of the chip's HBM follows from one trace
 (simulator.memory.largest_batch); no compiles are searched. The fraction is
 the headroom the fine-tuning playbook (seed 002) keeps, 15-20%, in place of
-the 10% planning overhead. --confirm compiles the answer for the topology.
+the 10% planning overhead. --confirm compiles the answer for the topology;
+--frontier=N compiles up to N times to pin XLA's own largest batch in the
+same budget, starting from the simulation's answers (simulator.xla.frontier).
 --batch is ignored; --grad_accum makes the answer a multiple of it.
 """
 
@@ -26,12 +28,18 @@ cli.define_model_flags()
 cli.define_train_flags()
 cli.define_hbm_fraction_flag()
 flags.DEFINE_bool("confirm", False, "compile the answer for the topology")
+flags.DEFINE_integer("frontier", 0, "compile up to this many times to find "
+                     "XLA's own largest batch in the same budget, starting "
+                     "from the simulation's answers (0: off)")
 
 
 def main(argv) -> None:
   del argv
   import dataclasses
   check_hbm_fraction(FLAGS.hbm_fraction)
+  if FLAGS.frontier < 0:
+    raise ValueError(f"frontier={FLAGS.frontier} must be a number of "
+                     "compiles, 0 (off) or more")
   cfg, plan = cli.model_and_plan()
   settings = cli.train_settings()
   step = plan.X * settings.batch_splits  # whole sequences per micro-batch shard
@@ -45,20 +53,58 @@ def main(argv) -> None:
   if not best:
     need = estimate.at_batch(step).compiled_comparable_peak
     print(f"nothing fits in {where}: batch {step} needs {need / GiB:.2f} GiB")
-    return
-  at = estimate.at_batch(best)
-  more = estimate.at_batch(best + step).compiled_comparable_peak
-  print(f"largest batch in {where}: {best} sequences ({best // plan.X} per "
-        f"data shard) at {at.compiled_comparable_peak / GiB:.2f} GiB "
-        f"({at.per_device_bytes['peak'] / GiB:.2f} with the 10% planning "
-        f"overhead); {best + step} would need {more / GiB:.2f} GiB")
-  if FLAGS.confirm:
-    from simulator.xla import compiled
-    report = compiled.compile_report(cfg, dataclasses.replace(
-        settings, batch=best), plan.topology.name, plan.X, plan.Y)
-    verdict = "fits" if report.peak_bytes <= cap else "does NOT fit"
-    print(f"compiled at batch {best}: XLA's peak {report.peak_bytes / GiB:.2f}"
-          f" GiB, {verdict} in {cap / GiB:.2f} GiB")
+    if not FLAGS.frontier:
+      return
+  else:
+    at = estimate.at_batch(best)
+    more = estimate.at_batch(best + step).compiled_comparable_peak
+    print(f"largest batch in {where}: {best} sequences ({best // plan.X} per "
+          f"data shard) at {at.compiled_comparable_peak / GiB:.2f} GiB "
+          f"({at.per_device_bytes['peak'] / GiB:.2f} with the 10% planning "
+          f"overhead); {best + step} would need {more / GiB:.2f} GiB")
+  if FLAGS.confirm or FLAGS.frontier:
+    from simulator.xla import frontier
+    compile_at = frontier.compile_probe(cfg, settings, plan, cap)
+
+    def probe(batch: int) -> frontier.Probe:
+      p = compile_at(batch)
+      print(f"compiled at batch {batch}: {_said(p)}, "
+            f"{'fits' if p.fits else 'does NOT fit'} in {cap / GiB:.2f} GiB",
+            flush=True)
+      return p
+
+    if not FLAGS.frontier:
+      probe(best)
+      return
+    guess = memory.largest_batch_any_schedule(estimate, cap, step)
+    found = frontier.search(probe, best, guess, step, FLAGS.frontier)
+    print(_frontier_line(found, best, cap))
+
+
+def _said(p) -> str:
+  if p.refused:
+    return (f"XLA refuses it for HBM (needs {p.peak_bytes / GiB:.2f} GiB of "
+            "temporaries)")
+  return f"XLA's peak {p.peak_bytes / GiB:.2f} GiB"
+
+
+def _frontier_line(found, simulated: int, cap: int) -> str:
+  n = len(found.probes)
+  head = f"XLA's largest batch in {cap / GiB:.2f} GiB"
+  tail = f"the simulation's: {simulated}"
+  if found.exact and not found.largest_fit:
+    return f"{head}: none, {found.smallest_over} does not fit ({tail})"
+  if found.exact:
+    return f"{head}: {found.largest_fit} ({_compiles(n)}; {tail})"
+  if found.smallest_over is None:
+    where = f"at least {found.largest_fit}, every compile fitted"
+  else:
+    where = f"from {found.largest_fit} to below {found.smallest_over}"
+  return f"{head}: {where} (not pinned in {_compiles(n)}, raise --frontier; {tail})"
+
+
+def _compiles(n: int) -> str:
+  return f"{n} compile{'s' if n != 1 else ''}"
 
 
 if __name__ == "__main__":

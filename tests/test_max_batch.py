@@ -25,6 +25,19 @@ def test_the_largest_batch_fits_and_the_next_does_not():
   assert memory.largest_batch(e, 1, 4) == 0  # not even one fits
 
 
+def test_the_smallest_schedules_answer_is_past_the_bound():
+  """The frontier's first guess: where the smaller simulated schedule stops
+  fitting, at or past the answer the larger one gives."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  e = memory.memory_report(load_model("tiny"), TrainSettings(batch=4, seq=64),
+                           plan)
+  cap = e.at_batch(4000).compiled_comparable_peak
+  guess = memory.largest_batch_any_schedule(e, cap, 4)
+  assert guess % 4 == 0 and guess >= memory.largest_batch(e, cap, 4)
+  assert min(e.order_peaks_at(guess).values()) <= cap
+  assert min(e.order_peaks_at(guess + 4).values()) > cap
+
+
 def _run(*args):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   return subprocess.run([sys.executable, "-m", "experiments.max_batch",
@@ -45,3 +58,22 @@ def test_the_experiment_says_it_in_one_line():
   assert bad.returncode == 2 and bad.stderr.strip() == (
       "error: hbm_fraction=1.5 must be in (0, 1] (the share of the capacity "
       "the peak may use; the playbook keeps 15-20% free: 0.85)")
+
+
+def test_the_frontier_compiles_from_the_simulations_answer():
+  """--frontier=2: the first compile is at the simulation's answer, the
+  second past it (its smallest schedule's answer, or one step); the last
+  line says what two compiles pinned, beside the simulation's answer."""
+  out = _run("--mesh=4x1", "--seq=64", "--hbm_fraction=0.0005",
+             "--frontier=2")
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  best = int(lines[0].split()[lines[0].split().index("sequences") - 1])
+  compiled = [int(l.split()[3].rstrip(":")) for l in lines
+              if l.startswith("compiled at batch ")]
+  assert compiled[0] == best and compiled[1] > best and len(compiled) == 2
+  assert lines[-1].startswith("XLA's largest batch in ")
+  assert lines[-1].endswith(f"the simulation's: {best})")
+  bad = _run("--frontier=-1")
+  assert bad.returncode == 2 and bad.stderr.strip() == (
+      "error: frontier=-1 must be a number of compiles, 0 (off) or more")

@@ -12,10 +12,12 @@ from simulator.memory.estimate import (CATEGORIES, OVERHEAD_FRACTION,
                                        PEAK_CATEGORIES, SCHEMA_VERSION,
                                        Contributor, MemoryEstimate,
                                        estimate_memory, largest_batch,
+                                       largest_batch_any_schedule,
                                        memory_report, to_json)
 from simulator.memory.tiling import tpu_tiled_bytes
 
 __all__ = ["CATEGORIES", "OVERHEAD_FRACTION", "PEAK_CATEGORIES",
            "SCHEMA_VERSION", "Contributor", "MemoryEstimate",
-           "estimate_memory", "largest_batch", "memory_report", "to_json",
+           "estimate_memory", "largest_batch", "largest_batch_any_schedule",
+           "memory_report", "to_json",
            "tpu_tiled_bytes"]

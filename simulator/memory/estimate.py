@@ -507,6 +507,18 @@ def largest_batch(estimate: MemoryEstimate, cap_bytes: int, step: int,
   return max((n for n in crossings if n and fits(n)), default=0) * step
 
 
+def largest_batch_any_schedule(estimate: MemoryEstimate, cap_bytes: int,
+                               step: int, limit: int = 1 << 40) -> int:
+  """The largest batch, a multiple of `step`, at which the smallest of the
+  simulated weight-gradient schedules fits in `cap_bytes`: how far XLA
+  could go if its scheduler keeps that one. A first guess to compile at
+  (simulator.xla.frontier), not a bound: `largest_batch` is the answer."""
+  if estimate.points is None or estimate.one_f_one_b:
+    return largest_batch(estimate, cap_bytes, step, limit)
+  smallest = lambda n: min(estimate.order_peaks_at(n * step).values())
+  return _last(lambda n: smallest(n) <= cap_bytes, max(1, limit // step)) * step
+
+
 def memory_report(cfg: ModelConfig, settings: TrainSettings,
                   plan: MeshPlan) -> MemoryEstimate:
   """Trace the step under `plan`'s abstract mesh and estimate its memory."""
