@@ -79,6 +79,12 @@ def schedule_lines(estimate: memory.MemoryEstimate) -> list[str]:
     note = "" if kept else ("  (dropped: over XLA's rematerialization "
                             "limit, the logits recomputed)")
     lines.append(f"    {label:<52}{_gib(b)} GiB{note}")
+  kept = [b for b, k in peaks.values() if k]
+  if max(kept) > min(kept):
+    lines += ["  (XLA keeps the one its own estimate finds smallest, often the "
+              "smaller here; to see it,",
+              "  `experiments.validate` with these flags compiles the step, "
+              "`experiments.max_batch --frontier=N` pins its largest batch)"]
   return lines
 
 
@@ -98,7 +104,7 @@ def render(estimate: memory.MemoryEstimate, header: str,
   lines += [_row(c, estimate.at_peak[c], hbm) for c in memory.PEAK_CATEGORIES
             if estimate.at_peak[c]]
   lines += ["  " + "-" * 31,
-            _row("peak (XLA's)", estimate.compiled_comparable_peak, hbm),
+            _row("simulated peak", estimate.compiled_comparable_peak, hbm),
             _row("+ overhead", pd["overhead"], hbm),
             _row("= plan with", pd["peak"], hbm)]
   lines += schedule_lines(estimate)

@@ -5,6 +5,13 @@ import os
 import subprocess
 import sys
 
+from experiments import memory_report
+from meshes.layout import plan_mesh
+from meshes.topology import parse_topology
+from models.registry import load_model
+from simulator import memory
+from simulator.settings import TrainSettings
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"params", "grads", "optimizer", "activations", "overhead", "peak"}
 AT_PEAK = {"params", "optimizer", "batch", "tile_padding", "grads",
@@ -43,6 +50,7 @@ def test_json_schema_and_text():
   assert "GiB" in text.stdout and "% HBM" in text.stdout
   assert f"the live set at {data['peak_where']}" in text.stdout
   assert "with the 10% planning overhead" in text.stdout
+  assert "max_batch --frontier=N" in text.stdout  # the schedules differ
   # Host memory: per device, pinned, per host VM (4 v5p chips), and seed
   # 003's pinned-memory rules for the same parameter count beside it.
   assert data["pinned_host_bytes"] == data["host_bytes"]
@@ -51,6 +59,15 @@ def test_json_schema_and_text():
   assert "(4 devices per host machine" in text.stdout
   assert "ZeRO-3 offload_param=cpu : 6Ψ" in text.stdout
   assert "ZeRO-3 offload_param=none: 4Ψ" in text.stdout
+
+
+def test_schedule_lines_say_how_to_see_xlas_choice_where_they_differ():
+  e = memory.memory_report(load_model("tiny"), TrainSettings(batch=4, seq=64),
+                           plan_mesh(parse_topology("v5p-8"), 2, 2))
+  peaks = [b for b, kept in e.schedule_peaks().values() if kept]
+  lines = memory_report.schedule_lines(e)
+  assert len(lines) == 1 + len(e.schedule_peaks()) + 2 and len(peaks) == 2
+  assert peaks[0] != peaks[1] and "--frontier=N" in lines[-1]
 
 
 def test_bad_flags_one_line_exit_2():
