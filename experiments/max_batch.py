@@ -64,6 +64,12 @@ def main(argv) -> None:
           f"overhead); {best + step} would need {more / GiB:.2f} GiB")
   if FLAGS.confirm or FLAGS.frontier:
     from simulator.xla import frontier
+    if plan.topology.chip.kind == "gpu":
+      print("note: a GPU target compiles here without a GPU, so without "
+            "XLA's autotuner; on a GPU it can put the logits matmul on "
+            "cuBLAS and hold more (README, 'Autotuned on a real GPU'): a "
+            "batch that fits these compiles may not fit there, while the "
+            "simulation's answer holds that schedule")
     compile_at = frontier.compile_probe(cfg, settings, plan, cap)
 
     def probe(batch: int) -> frontier.Probe:
