@@ -16,7 +16,7 @@ import time
 from absl import flags
 
 from experiments import cli
-from experiments.step_time_anchors import ANCHORS, predict, report
+from experiments.step_time_anchors import ANCHORS, HELD_OUT, predict, report
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "experiments/step_time.md", "results table (markdown)")
@@ -31,7 +31,11 @@ def main(argv) -> None:
     r = rows[-1]
     print(f"{r['anchor']:>16}: predicted MFU {100 * r['mfu']:.1f}%, measured "
           f"{100 * r['measured_mfu']:.2f}%", flush=True)
-  text = report(rows, time.perf_counter() - started)
+  held_out = [predict(anchor) for anchor in HELD_OUT]
+  for r in held_out:
+    print(f"{r['anchor']:>16}: predicted MFU {100 * r['mfu']:.1f}%, measured "
+          f"{100 * r['measured_mfu']:.2f}%", flush=True)
+  text = report(rows, time.perf_counter() - started, held_out)
   with open(FLAGS.out, "w") as f:
     f.write(text)
   print(text.split("\n\n")[2])

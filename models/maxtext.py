@@ -66,6 +66,7 @@ _BOOKKEEPING = {"run_name", "base_output_directory", "dataset_path", "steps",
 # named as unexpressed unless they are 1).
 _READ = {"per_device_batch_size", "max_target_length", "remat_policy",
          "ici_fsdp_parallelism", "ici_tensor_parallelism", "attention",
+         "ici_fsdp_transpose_parallelism",
          "global_parameter_scale", "model_name", "decoder_block", "dtype",
          "weight_dtype", "opt_type", "ici_data_parallelism",
          "dcn_data_parallelism", "dcn_fsdp_parallelism",
@@ -156,14 +157,29 @@ def maxtext_run(text: str, chips: int) -> MaxTextRun:
   put("seq", _int(o, "max_target_length", 2048),
       f"max_target_length={o.get('max_target_length', '2048 (default)')}")
   tensor = _int(o, "ici_tensor_parallelism", 1)
-  fsdp = _int(o, "ici_fsdp_parallelism", -1)
-  if fsdp == -1:
-    fsdp = chips // tensor
-  if fsdp * tensor != chips:
+  # fsdp_transpose is FSDP over a second mesh axis (MaxText shards the
+  # batch over it too, and each weight on its other dim): the same bytes
+  # gathered and reduced, so it joins X.
+  transpose = _int(o, "ici_fsdp_transpose_parallelism", 1)
+  fsdp = _int(o, "ici_fsdp_parallelism", -1 if transpose == 1 else 1)
+  fsdp_given = o.get("ici_fsdp_parallelism", str(fsdp))
+  if fsdp == transpose == -1:
+    raise ValueError("MaxText ici_fsdp_parallelism=-1 and "
+                     "ici_fsdp_transpose_parallelism=-1: one of them may be "
+                     "-1 (the rest of the chips), not both")
+  if -1 in (fsdp, transpose):
+    rest = chips // (tensor * (fsdp if transpose == -1 else transpose))
+    fsdp, transpose = (fsdp, rest) if transpose == -1 else (rest, transpose)
+  if fsdp * transpose * tensor != chips:
     raise ValueError(f"MaxText ici_fsdp_parallelism={fsdp} x "
-                     f"ici_tensor_parallelism={tensor} is not {chips} chips")
-  put("mesh", f"{fsdp}x{tensor}", f"ici_fsdp_parallelism={o.get('ici_fsdp_parallelism', '-1')} "
-      f"ici_tensor_parallelism={tensor}")
+                     + (f"ici_fsdp_transpose_parallelism={transpose} x "
+                        if transpose != 1 else "")
+                     + f"ici_tensor_parallelism={tensor} is not {chips} chips")
+  put("mesh", f"{fsdp * transpose}x{tensor}",
+      f"ici_fsdp_parallelism={fsdp_given} "
+      + (f"ici_fsdp_transpose_parallelism={o['ici_fsdp_transpose_parallelism']} "
+         if "ici_fsdp_transpose_parallelism" in o else "")
+      + f"ici_tensor_parallelism={tensor}")
   remat = o.get("remat_policy", "full")
   if remat not in MAXTEXT_POLICIES and remat != "none":
     raise ValueError(f"MaxText remat_policy={remat!r}; valid: "

@@ -67,8 +67,24 @@ def test_overrides_map_onto_flags():
   assert (preset.flags["model"], preset.flags["mesh"]) == ("llama2_70b", "16x4")
 
 
+@pytest.mark.parametrize("text,mesh", [
+    # MaxText's Trillium llama2-70b benchmark: FSDP over fsdp_transpose.
+    ("ici_fsdp_parallelism=1 ici_fsdp_transpose_parallelism=-1", "64x1"),
+    ("ici_fsdp_transpose_parallelism=-1", "64x1"),
+    ("ici_fsdp_parallelism=-1 ici_fsdp_transpose_parallelism=4 "
+     "ici_tensor_parallelism=2", "32x2"),
+    ("ici_fsdp_parallelism=4 ici_fsdp_transpose_parallelism=4 "
+     "ici_tensor_parallelism=4", "16x4"),
+])
+def test_fsdp_transpose_joins_x(text, mesh):
+  run = maxtext.maxtext_run(f"model_name=llama2-70b {text}", chips=64)
+  assert run.flags["mesh"] == mesh and not run.unexpressed
+
+
 @pytest.mark.parametrize("text,match", [
     ("ici_fsdp_parallelism=8 ici_tensor_parallelism=4", "is not 64 chips"),
+    ("ici_fsdp_parallelism=2 ici_fsdp_transpose_parallelism=2", "is not 64"),
+    ("ici_fsdp_parallelism=-1 ici_fsdp_transpose_parallelism=-1", "not both"),
     ("remat_policy=everything", "remat_policy='everything'"),
     ("per_device_batch_size=two", "must be an integer"),
     ("just_a_word", "is not key=value"),

@@ -19,6 +19,13 @@ def test_every_anchor_maps_onto_flags_without_loss():
     assert run.unexpressed == ("use_iota_embed=true",), a.name
 
 
+def test_held_out_runs_map_whole():
+  """The Trillium benchmark's FSDP over fsdp_transpose is X (256x1)."""
+  for a in step_time_anchors.HELD_OUT:
+    run = maxtext_run(a.maxtext, parse_topology(a.topology).chips)
+    assert run.unexpressed == () and run.flags["mesh"] == "256x1", a.name
+
+
 def test_anchors_take_tensor_parallelism_from_their_scripts():
   """The v5e 128B script (configs/largest_job/128b.sh, Oct 2023) sets
   ici_fsdp_parallelism=16 ici_tensor_parallelism=16; the other v5e scripts
@@ -47,7 +54,8 @@ def test_maxtexts_flop_count_of_then():
 def test_the_docs_table_is_what_the_model_predicts():
   """experiments/step_time.md's rows are today's predictions."""
   rows = [step_time_anchors.predict(a) for a in step_time_anchors.ANCHORS]
-  text = step_time_anchors.report(rows, 0.0)
+  held_out = [step_time_anchors.predict(a) for a in step_time_anchors.HELD_OUT]
+  text = step_time_anchors.report(rows, 0.0, held_out)
   table = lambda t: [l for l in t.splitlines() if l.startswith("| ")]
   with open(os.path.join(ROOT, "experiments", "step_time.md")) as f:
     kept = f.read()
