@@ -196,7 +196,7 @@ def report(rows: list[dict], seconds: float, held_out: list[dict] = ()
       "Held out (checked as published, not tuned on): MaxText's Trillium "
       "llama2-70b benchmark is predicted far too slow. Its byte-bound "
       "matmuls and fusions' HBM time are most of the predicted step "
-      "(against 13-28% in the anchors): at seq 4096 with 64 heads of 128, "
+      "(against 8-28% in the anchors): at seq 4096 with 64 heads of 128, "
       "the blockwise attention's f32 scores, which the model times as the "
       "traced scan writes them to HBM where MaxText's TPU flash attention "
       "is a Pallas kernel that keeps them on chip, are the first suspect; "
