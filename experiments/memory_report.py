@@ -79,8 +79,8 @@ def schedule_lines(estimate: memory.MemoryEstimate) -> list[str]:
     note = "" if kept else ("  (dropped: over XLA's rematerialization "
                             "limit, the logits recomputed)")
     lines.append(f"    {label:<52}{_gib(b)} GiB{note}")
-  kept = [b for b, k in peaks.values() if k]
-  if max(kept) > min(kept):
+  kept_peaks = [b for b, kept in peaks.values() if kept]
+  if max(kept_peaks) > min(kept_peaks):
     lines += ["  (XLA keeps the one its own estimate finds smallest, often the "
               "smaller here; to see it,",
               "  `experiments.validate` with these flags compiles the step, "

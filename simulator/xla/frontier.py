@@ -4,8 +4,8 @@ The simulation's largest batch (simulator.memory.largest_batch) keeps the
 larger of its weight-gradient schedules, an upper bound on XLA's peak in all
 but one corpus row; XLA's memory scheduler often keeps the smaller, so the
 compiler's own frontier is usually further out (llama2_7b v5p-8 4x1 seq 2048
-full: the estimate says 160 sequences; XLA's peak there is 65.88 of the
-80.75 GiB budget). Each compile says whether one batch fits in the same
+full, 85% of HBM: the estimate says 200 sequences, XLA fits 220; README).
+Each compile says whether one batch fits in the same
 budget (XLA's `peak_memory_in_bytes`, or libtpu's CompileTimeHbmOom: does not
 fit). The first compile is at the simulation's answer, the next at the batch
 where its smallest schedule stops fitting (`largest_batch_any_schedule`),
