@@ -25,17 +25,13 @@ flags.DEFINE_string("out", "experiments/step_time.md", "results table (markdown)
 def main(argv) -> None:
   del argv
   started = time.perf_counter()
-  rows = []
-  for anchor in ANCHORS:
-    rows.append(predict(anchor))
-    r = rows[-1]
+  rows: dict[bool, list] = {False: [], True: []}  # held out or not
+  for anchor in (*ANCHORS, *HELD_OUT):
+    r = predict(anchor)
+    rows[anchor in HELD_OUT].append(r)
     print(f"{r['anchor']:>16}: predicted MFU {100 * r['mfu']:.1f}%, measured "
           f"{100 * r['measured_mfu']:.2f}%", flush=True)
-  held_out = [predict(anchor) for anchor in HELD_OUT]
-  for r in held_out:
-    print(f"{r['anchor']:>16}: predicted MFU {100 * r['mfu']:.1f}%, measured "
-          f"{100 * r['measured_mfu']:.2f}%", flush=True)
-  text = report(rows, time.perf_counter() - started, held_out)
+  text = report(rows[False], time.perf_counter() - started, rows[True])
   with open(FLAGS.out, "w") as f:
     f.write(text)
   print(text.split("\n\n")[2])
