@@ -2,7 +2,11 @@
 
 import pytest
 
-from simulator.xla import frontier
+from meshes.layout import plan_mesh
+from meshes.topology import parse_topology
+from models.registry import load_model
+from simulator.settings import TrainSettings
+from simulator.xla import compiled, frontier
 
 
 def _threshold(limit: int, seen: list):
@@ -56,3 +60,24 @@ def test_nothing_fits():
 def test_bad_arguments_are_value_errors():
   with pytest.raises(ValueError, match="step=0"):
     frontier.search(_threshold(10, []), 16, 16, 0, 3)
+
+
+def test_an_out_of_hbm_refusal_is_an_answer_and_other_errors_raise(
+    monkeypatch):
+  """compile_probe turns libtpu's CompileTimeHbmOom into a probe that does
+  not fit, with the bytes XLA said it needed; any other failure raises."""
+  message = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory "
+             "on HBM, the total memory required for HLO temporaries (104.54G)"
+             " exceeds available HBM (95.73G). HLO module: jit_step.")
+
+  def refuse(cfg, settings, *args, **kwargs):
+    raise RuntimeError(message if settings.batch > 8 else "something else")
+
+  monkeypatch.setattr(compiled, "compile_report", refuse)
+  probe = frontier.compile_probe(load_model("tiny"), TrainSettings(batch=4),
+                                 plan_mesh(parse_topology("v5p-8"), 4, 1), 1)
+  p = probe(16)
+  assert (p.batch, p.refused, p.fits) == (16, True, False)
+  assert p.peak_bytes == int(104.54 * 2**30)
+  with pytest.raises(RuntimeError, match="something else"):
+    probe(8)
