@@ -695,7 +695,7 @@ CASES: list[Case] = [
     # Held out in session 26, no rule changed: the mixture of experts and
     # the vision-language model at full size, where the mini models'
     # logits are not most of the step (their deferred and traced schedules
-    # 4-11% apart, not 30-80%). Simulated before compiling: 24.50, 36.28,
+    # 5-10% apart, not 30-80%). Simulated before compiling: 24.50, 36.28,
     # 16.83 and 6.78 GiB.
     Case("mixtral_8x7b", "v5p-128", "16x4", 192, 4096, "full", "adamw", C),
     Case("mixtral_8x7b", "v5p-64", "8x4", 96, 4096, "full", "adamw", C,
