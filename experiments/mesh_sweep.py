@@ -84,10 +84,12 @@ def define_flags() -> None:
 
 
 def join_remats(items: list[str]) -> tuple[str, ...]:
-  """Re-joins names:a,b that the list flag split at its commas."""
+  """Re-joins names:a,b (and names:a,b+offload:c,d) that the list flag
+  split at its commas."""
   out: list[str] = []
   for item in (i.strip() for i in items if i.strip()):
-    if item in CHECKPOINT_NAMES and out and out[-1].startswith(("names:", "offload:")):
+    if (item.split("+", 1)[0] in CHECKPOINT_NAMES and out
+        and out[-1].startswith(("names:", "offload:"))):
       out[-1] += "," + item
     else:
       out.append(item)

@@ -62,6 +62,20 @@ _BOOKKEEPING = {"run_name", "base_output_directory", "dataset_path", "steps",
                 "async_checkpointing", "log_period", "enable_profiler",
                 "skip_first_n_steps_for_profiler", "profiler_steps",
                 "metrics_file", "gcs_metrics", "tokenizer_path"}
+# remat_policy=custom: MaxText's tensors (pyconfig's
+# validate_and_assign_remat_tensors; each `remat`, `device` or `offload`,
+# decoder_layer_input `device` by default and never `remat` under scanned
+# layers, the rest `remat`) and the checkpoint names they are here
+# (models.remat.CHECKPOINT_NAMES). A gated MLP names its two input
+# projections mlpwi_0 and mlpwi_1, an ungated one mlpwi; this project names
+# both halves mlpwi, and q, k and v together qkv (after the rotary
+# embedding, as MAXTEXT_POLICIES says), so each group needs one location.
+_CUSTOM_DEFAULTS = {"decoder_layer_input": "device", "context": "remat",
+                    "mlpwi": "remat", "mlpwi_0": "remat", "mlpwi_1": "remat",
+                    "mlpwo": "remat", "query_proj": "remat",
+                    "key_proj": "remat", "value_proj": "remat",
+                    "qkv_proj": "remat", "out_proj": "remat"}
+_LOCATIONS = ("remat", "device", "offload")
 # Keys maxtext_run reads (the parallelism ones other than fsdp and tensor are
 # named as unexpressed unless they are 1).
 _READ = {"per_device_batch_size", "max_target_length", "remat_policy",
@@ -71,7 +85,9 @@ _READ = {"per_device_batch_size", "max_target_length", "remat_policy",
          "weight_dtype", "opt_type", "ici_data_parallelism",
          "dcn_data_parallelism", "dcn_fsdp_parallelism",
          "dcn_tensor_parallelism", "enable_flash_attention",
-         "mlp_activations", "logits_via_embedding"}
+         "mlp_activations", "logits_via_embedding", "fused_qkv",
+         "capacity_factor", "megablox", "sparse_matmul",
+         *_CUSTOM_DEFAULTS}
 # Dim overrides MaxText applies before scaling.
 _DIMS = {"base_emb_dim": "d_model", "base_num_query_heads": "n_heads",
          "base_num_kv_heads": "n_kv_heads", "base_mlp_dim": "d_ff",
@@ -139,6 +155,58 @@ def _model(o: dict) -> tuple[str, str, ModelConfig | None]:
   return cfg.name, why, cfg
 
 
+def _config(name: str, cfg: ModelConfig | None) -> ModelConfig | None:
+  """The run's model: a scaled config as is, a preset by its name (None if
+  neither: the model flag's loader says why later)."""
+  if cfg is None:
+    from models.presets import PRESETS
+    cfg = PRESETS.get(name)
+  return cfg
+
+
+def _gated(cfg: ModelConfig | None) -> bool:
+  """Whether the run's MLP is gated (MaxText's mlpwi_0/mlpwi_1, not mlpwi)."""
+  return cfg is None or cfg.mlp in ("swiglu", "geglu")
+
+
+def custom_remat(o: dict, gated: bool) -> tuple[str, str]:
+  """MaxText's remat_policy=custom as a names:/offload: spec, and the
+  tensor keys it was read from. Raises ValueError naming a location that is
+  not remat/device/offload, decoder_layer_input=remat, or a group of
+  MaxText tensors this project names as one given different locations."""
+  where = {}
+  for key, default in _CUSTOM_DEFAULTS.items():
+    where[key] = o.get(key, default)
+    if where[key] not in _LOCATIONS:
+      raise ValueError(f"MaxText {key}={where[key]!r}; valid: "
+                       f"{', '.join(_LOCATIONS)}")
+  if where["decoder_layer_input"] == "remat":
+    raise ValueError("MaxText decoder_layer_input=remat: a scanned layer's "
+                     "input is its remat's start; valid: device, offload")
+  qkv = (("qkv_proj",) if o.get("fused_qkv", "false").lower() == "true"
+         else ("query_proj", "key_proj", "value_proj"))
+  groups = {"decoder_layer_input": ("decoder_layer_input",),
+            "qkv": qkv, "attn_out": ("context",), "out_proj": ("out_proj",),
+            "mlpwi": ("mlpwi_0", "mlpwi_1") if gated else ("mlpwi",),
+            "mlpwo": ("mlpwo",)}
+  saved, offloaded = [], []
+  for name, keys in groups.items():
+    places = {where[k] for k in keys}
+    if len(places) > 1:
+      raise ValueError(
+          "MaxText " + " ".join(f"{k}={where[k]}" for k in keys)
+          + f": this project saves or offloads them together (`{name}`); "
+          "give them one location")
+    place = places.pop()
+    if name == "decoder_layer_input" and place == "device":
+      continue  # the layer scan saves every layer's input anyway
+    {"device": saved, "offload": offloaded, "remat": []}[place].append(name)
+  parts = ([f"names:{','.join(saved)}"] if saved else []) + (
+      [f"offload:{','.join(offloaded)}"] if offloaded else [])
+  given = " ".join(f"{k}={o[k]}" for k in _CUSTOM_DEFAULTS if k in o)
+  return "+".join(parts) or "full", given
+
+
 def maxtext_run(text: str, chips: int) -> MaxTextRun:
   """The flags for a MaxText run on `chips` chips."""
   o = parse_overrides(text)
@@ -181,10 +249,14 @@ def maxtext_run(text: str, chips: int) -> MaxTextRun:
          if "ici_fsdp_transpose_parallelism" in o else "")
       + f"ici_tensor_parallelism={tensor}")
   remat = o.get("remat_policy", "full")
-  if remat not in MAXTEXT_POLICIES and remat != "none":
+  if remat == "custom":
+    spec, given = custom_remat(o, _gated(_config(name, cfg)))
+    put("remat", spec, f"remat_policy=custom {given}".rstrip())
+  elif remat not in MAXTEXT_POLICIES and remat != "none":
     raise ValueError(f"MaxText remat_policy={remat!r}; valid: "
-                     f"{', '.join(MAXTEXT_POLICIES)}, none")
-  put("remat", remat, f"remat_policy={remat}")
+                     f"{', '.join(MAXTEXT_POLICIES)}, custom, none")
+  else:
+    put("remat", remat, f"remat_policy={remat}")
   attention = o.get("attention", "flash" if o.get(
       "enable_flash_attention", "true").lower() == "true" else "dot_product")
   kernels = {"flash": "flash", "autoselected": "flash",
@@ -202,6 +274,16 @@ def maxtext_run(text: str, chips: int) -> MaxTextRun:
                      f"{', '.join(_OPTIMIZERS)}")
   put("optimizer", _OPTIMIZERS[opt], f"opt_type={opt}")
   unexpressed = []
+  if "capacity_factor" in o:  # MaxText's token dropping (a mixture of experts)
+    put("capacity_factor", o["capacity_factor"],
+        f"capacity_factor={o['capacity_factor']}")
+  model = _config(name, cfg)
+  if model is not None and model.moe:
+    # MaxText's default dispatch is ragged and dropless (megablox,
+    # sparse_matmul true); this project's is its dense capacity dispatch.
+    for key in ("megablox", "sparse_matmul"):
+      if o.get(key, "true").lower() != "false":
+        unexpressed.append(f"{key}={o.get(key, 'true (default)')}")
   for key in ("ici_data_parallelism", "dcn_data_parallelism",
               "dcn_fsdp_parallelism", "dcn_tensor_parallelism"):
     allowed = (1, -1) if key == "dcn_data_parallelism" else (1,)  # -1: rest

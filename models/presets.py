@@ -36,6 +36,15 @@ PRESETS: dict[str, ModelConfig] = {
                     n_heads=32, n_kv_heads=8, head_dim=128, **_LLAMA3),
         ModelConfig("llama3_70b", d_model=8192, n_layers=80, d_ff=28672,
                     n_heads=64, n_kv_heads=8, head_dim=128, **_LLAMA3),
+        # Llama 3.1 (HF meta-llama/Llama-3.1-8B and -70B config.json): Llama
+        # 3's shapes with a 128K context (its RoPE frequencies rescaled,
+        # which changes no shape); MaxText's llama3.1-8b and llama3.1-70b.
+        ModelConfig("llama3_1_8b", d_model=4096, n_layers=32, d_ff=14336,
+                    n_heads=32, n_kv_heads=8, head_dim=128,
+                    **{**_LLAMA3, "max_len": 131072}),
+        ModelConfig("llama3_1_70b", d_model=8192, n_layers=80, d_ff=28672,
+                    n_heads=64, n_kv_heads=8, head_dim=128,
+                    **{**_LLAMA3, "max_len": 131072}),
         ModelConfig("mistral_7b", d_model=4096, n_layers=32, d_ff=14336,
                     n_heads=32, n_kv_heads=8, head_dim=128, vocab_size=32000,
                     max_len=32768, rope_theta=10000.0),

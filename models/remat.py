@@ -6,9 +6,14 @@ from typing import Callable
 
 import jax
 
+# decoder_layer_input: a layer's input (models.transformer.Block), which
+# the layer scan saves for every layer anyway; naming it lets a policy
+# offload that stack to host memory (MaxText's `decoder_layer_input:
+# offload`).
 CHECKPOINT_NAMES = ("qkv", "attn_out", "out_proj", "mlp_in", "mlpwi",
-                    "mlp_hidden", "mlpwo")
-POLICIES = ("none", "full", "dots", "names:<list>", "offload:<list>")
+                    "mlp_hidden", "mlpwo", "decoder_layer_input")
+POLICIES = ("none", "full", "dots", "names:<list>", "offload:<list>",
+            "names:<list>+offload:<list>")
 
 # MaxText's remat_policy names (layers/decoders.py get_remat_policy) in these
 # terms. `minimal` is what MaxText's published runs used:
@@ -32,11 +37,37 @@ MAXTEXT_POLICIES = {
 
 def _names(spec: str) -> list[str]:
   names = [n for n in spec.split(":", 1)[1].split(",") if n]
+  if len(set(names)) < len(names):
+    raise ValueError(f"remat {spec!r}: a name given twice")
   bad = [n for n in names if n not in CHECKPOINT_NAMES]
   if not names or bad:
     raise ValueError(f"remat {spec!r}: {bad[0] if bad else 'empty list'!r} is "
                      f"not a checkpoint name; valid: {', '.join(CHECKPOINT_NAMES)}")
   return names
+
+
+def _split(spec: str) -> tuple[list[str] | None, list[str] | None]:
+  """(saved names, offloaded names) of a names:/offload: spec, None where
+  the spec has no such part; (None, None) for any other spec."""
+  saved = offloaded = None
+  parts = spec.split("+")
+  if len(parts) == 2 and not (parts[0].startswith("names:")
+                              and parts[1].startswith("offload:")):
+    raise ValueError(f"remat {spec!r}: a combined policy is "
+                     "names:<list>+offload:<list>")
+  if len(parts) > 2:
+    raise ValueError(f"remat {spec!r}: at most one names: and one offload: "
+                     "part")
+  for part in parts:
+    if part.startswith("names:"):
+      saved = _names(part)
+    elif part.startswith("offload:"):
+      offloaded = _names(part)
+  both = set(saved or ()) & set(offloaded or ())
+  if both:
+    raise ValueError(f"remat {spec!r}: {sorted(both)[0]!r} is both saved "
+                     "and offloaded")
+  return saved, offloaded
 
 
 def canonical(spec: str) -> str:
@@ -47,7 +78,8 @@ def canonical(spec: str) -> str:
 def policy(spec: str) -> Callable | None:
   """none: save everything (no remat); full: save only block inputs;
   dots: save matmul outputs; names:a,b save those; offload:a,b put those in
-  pinned host memory and recompute the rest; MaxText's names as mapped in
+  pinned host memory and recompute the rest; names:a+offload:b both (what
+  MaxText's `custom` policy builds); MaxText's names as mapped in
   MAXTEXT_POLICIES."""
   cp = jax.checkpoint_policies
   spec = canonical(spec)
@@ -57,11 +89,13 @@ def policy(spec: str) -> Callable | None:
     return cp.nothing_saveable
   if spec == "dots":
     return cp.dots_with_no_batch_dims_saveable
-  if spec.startswith("names:"):
-    return cp.save_only_these_names(*_names(spec))
-  if spec.startswith("offload:"):
+  saved, offloaded = _split(spec)
+  if offloaded is None and saved is not None:
+    return cp.save_only_these_names(*saved)
+  if offloaded is not None:
     return cp.save_and_offload_only_these_names(
-        names_which_can_be_saved=[], names_which_can_be_offloaded=_names(spec),
+        names_which_can_be_saved=saved or [],
+        names_which_can_be_offloaded=offloaded,
         offload_src="device", offload_dst="pinned_host")
   raise ValueError(f"unknown remat {spec!r}; valid: {', '.join(POLICIES)} or "
                    f"MaxText's {', '.join(MAXTEXT_POLICIES)}")

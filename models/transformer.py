@@ -139,6 +139,7 @@ class Block(nn.Module):
     """One layer: (x, (the MoE load-balancing loss or None, this layer's
     updated KV cache slice when serving or None))."""
     c = self.cfg
+    x_BxSxD = checkpoint_name(x_BxSxD, "decoder_layer_input")
     norm = lambda name: Norm(c.norm, c.norm_eps, self.rules, self.param_dtype,
                              name=name)
     mods = dict(rules=self.rules, dtype=self.dtype,

@@ -49,6 +49,57 @@ def test_maxtext_remat_names():
     policy("save_everything")
 
 
+@pytest.mark.parametrize("spec,match", [
+    ("names:qkv+offload:qkv", "both saved and offloaded"),
+    ("offload:qkv+names:mlpwo", "names:<list>.offload:<list>"),
+    ("names:qkv+offload:mlpwo+offload:out_proj", "at most one"),
+    ("names:qkv,qkv", "given twice"),
+    ("names:qkv+offload:everything", "'everything' is not a checkpoint name"),
+])
+def test_combined_remat_specs_are_checked(spec, match):
+  policy("names:qkv,mlpwi+offload:decoder_layer_input,out_proj")  # valid
+  with pytest.raises(ValueError, match=match):
+    policy(spec)
+
+
+# The tuning_params of MaxText's Trillium recipes (benchmarks/
+# maxtext_trillium_model_configs.py: llama3_1_70b_8192, and
+# llama3_1_8b_8192's with out_proj offloaded too).
+_RECIPE = ("remat_policy=custom decoder_layer_input=offload query_proj=offload"
+           " key_proj=offload value_proj=offload")
+
+
+@pytest.mark.parametrize("text,remat", [
+    (_RECIPE, "offload:decoder_layer_input,qkv"),
+    (_RECIPE + " out_proj=offload", "offload:decoder_layer_input,qkv,out_proj"),
+    ("remat_policy=custom", "full"),  # every tensor at its default
+    ("remat_policy=custom mlpwi_0=device mlpwi_1=device context=offload",
+     "names:mlpwi+offload:attn_out"),
+    # An ungated MLP's input projection is MaxText's mlpwi.
+    ("remat_policy=custom mlpwi=device mlp_activations=gelu", "names:mlpwi"),
+    ("remat_policy=custom fused_qkv=true qkv_proj=device", "names:qkv"),
+])
+def test_custom_remat_maps_maxtext_tensors(text, remat):
+  scale = "" if "mlp_activations" in text else "model_name=llama2-70b "
+  run = maxtext.maxtext_run(scale + text, chips=64)
+  assert run.flags["remat"] == remat and not run.unexpressed
+  policy(remat)
+  assert any(m.startswith("remat_policy=custom") and m.endswith(
+      f"--remat={remat}") for m in run.mapping)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("query_proj=offload", "query_proj=offload key_proj=remat value_proj=remat"),
+    ("mlpwi_0=device", "mlpwi_0=device mlpwi_1=remat"),
+    ("decoder_layer_input=remat", "valid: device, offload"),
+    ("context=host", "context='host'; valid: remat, device, offload"),
+])
+def test_custom_remat_says_what_it_cannot_express(text, match):
+  with pytest.raises(ValueError, match=match):
+    maxtext.maxtext_run(f"model_name=llama2-70b remat_policy=custom {text}",
+                        chips=64)
+
+
 def test_overrides_map_onto_flags():
   run = maxtext.maxtext_run(
       "global_parameter_scale=32 decoder_block=default per_device_batch_size=8"

@@ -275,6 +275,17 @@ def test_policies_attention_loss_chunks_offload(tiny):
   assert off.host_bytes > 0 and names.host_bytes == 0
   assert (names.per_device_bytes["activations"] - off.per_device_bytes["activations"]
           == off.host_bytes)
+  # The layer scan saves each layer's input (decoder_layer_input) under any
+  # policy; offloading it moves that stack, and only it, to host memory,
+  # and names:+offload: keeps the saved names in HBM beside it.
+  stack = est(remat="offload:decoder_layer_input")
+  assert stack.host_bytes > 0 and (
+      full.per_device_bytes["activations"]
+      - stack.per_device_bytes["activations"] == stack.host_bytes)
+  both = est(remat="names:qkv,mlp_hidden+offload:decoder_layer_input")
+  assert both.host_bytes == stack.host_bytes
+  assert (both.per_device_bytes["activations"] + both.host_bytes
+          == names.per_device_bytes["activations"])
   mat = none
   flash = est(remat="none", attention="flash")
   assert flash.per_device_bytes["activations"] < mat.per_device_bytes["activations"]

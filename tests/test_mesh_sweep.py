@@ -158,6 +158,9 @@ def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
 def test_remat_list_keeps_names_commas():
   assert mesh_sweep.join_remats(["full", "names:qkv", "mlp_in", "dots"]) == (
       "full", "names:qkv,mlp_in", "dots")
+  assert mesh_sweep.join_remats(
+      ["names:qkv", "mlpwi+offload:decoder_layer_input", "out_proj", "full"]
+  ) == ("names:qkv,mlpwi+offload:decoder_layer_input,out_proj", "full")
 
 
 def test_resume_continues_exactly_the_run_named(tmp_path):
