@@ -3,6 +3,8 @@
 import os
 import re
 
+import pytest
+
 from experiments import step_time_anchors
 from models.maxtext import maxtext_run
 from meshes.topology import parse_topology
@@ -20,10 +22,30 @@ def test_every_anchor_maps_onto_flags_without_loss():
 
 
 def test_held_out_runs_map_whole():
-  """The Trillium benchmark's FSDP over fsdp_transpose is X (256x1)."""
+  """The Trillium runs are FSDP over every chip (llama2-70b's over
+  fsdp_transpose), the custom remat policies offload what they name."""
   for a in step_time_anchors.HELD_OUT:
-    run = maxtext_run(a.maxtext, parse_topology(a.topology).chips)
-    assert run.unexpressed == () and run.flags["mesh"] == "256x1", a.name
+    chips = parse_topology(a.topology).chips
+    run = maxtext_run(a.maxtext, chips)
+    assert run.unexpressed == () and run.flags["mesh"] == f"{chips}x1", a.name
+    if "remat_policy=custom" in a.maxtext:
+      assert run.flags["remat"].startswith("offload:decoder_layer_input,qkv")
+
+
+@pytest.mark.parametrize("model,per_device,seq,step_s,printed", [
+    ("llama2_70b", 4, 4096, 17.373, 419.193),
+    ("mixtral_8x7b", 12, 4096, 13.360, 305.127),
+    ("llama3_1_70b", 5, 8192, 42.656, 462.297),
+    ("llama3_1_8b", 3, 8192, 3.443, 413.433),
+])
+def test_maxtexts_flop_count_reproduces_the_logs(model, per_device, seq,
+                                                  step_s, printed):
+  """The TFLOP/s/device the tpu-recipes logs print for these steps: no
+  input-embedding lookup, a mixture of experts' top-k experts alone."""
+  from models.registry import load_model
+  flops = step_time_anchors.maxtext_flops_per_device(
+      load_model(model), per_device, seq, False)
+  assert flops / step_s / 1e12 == pytest.approx(printed, rel=1e-3)
 
 
 def test_anchors_take_tensor_parallelism_from_their_scripts():
