@@ -60,6 +60,24 @@ def test_parse_collectives_axes_bytes_and_trip_counts():
   assert summary["all-gather@Y"]["out_bytes"] == 3 * 64
 
 
+def test_a_host_computation_ends_where_its_brace_does():
+  """Under host offload XLA closes a host computation with
+  '}, execution_thread="host"' (llama2_7b v5p-32 8x2 b64
+  names:mlpwi+offload:decoder_layer_input, corpus #288): the loop body
+  after it is a computation of its own, its collectives run per iteration
+  (read as one computation: 17.68 GiB a step where 63.19 were run)."""
+  host = textwrap.dedent("""\
+      %host (p: f32[8]) -> f32[8] {
+        ROOT %c = f32[8]{0} custom-call(%p), custom_call_target="X"
+      }, execution_thread="host"
+
+      """)
+  text = HLO.replace("%body (p:", host + "%body (p:")
+  colls, known = H.parse_collectives(text, (4, 2))
+  by = {c.name: c for c in colls}
+  assert known and by["ag"].count == 3 and by["ar"].count == 3
+
+
 MULTI_STEP = textwrap.dedent("""\
     HloModule m
 

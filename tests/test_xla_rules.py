@@ -570,6 +570,19 @@ def test_only_an_unchunked_loss_has_recomputable_logits(chunks):
   assert xla_rules.logits_recomputable(j) == (chunks == 1)
 
 
+@pytest.mark.parametrize("remat,recomputable", [
+    ("offload:qkv", False), ("offload:decoder_layer_input", False),
+    ("names:qkv", True)])
+def test_offloaded_residuals_keep_the_logits(remat, recomputable):
+  """Where a layer loop's residuals go to host memory XLA kept the f32
+  logits to a peak 25% over its limit and recomputed none (#287): the
+  rematerialized-logits rule does not apply there."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  j = trace_probe(load_model("tiny"), TrainSettings(
+      batch=8, seq=128, remat=remat), abstract_mesh(plan)).jaxpr
+  assert xla_rules.logits_recomputable(j) == recomputable
+
+
 def test_a_scanned_stack_returned_into_a_donated_buffer_is_its_own():
   """The stacked-outputs-not-donated rule: a loop's stacked output keeps a
   buffer of its own though the step returns it into a donated argument (a
@@ -839,9 +852,12 @@ def test_the_schedule_runs_through_the_inlined_micro_batch():
   assert not any(logits_live("traced"))
 
 
-@pytest.mark.parametrize("names,kv_heads,relaid", [("qkv,attn_out", 4, 3),
-                                                   ("qkv,attn_out", 2, 0),
-                                                   ("mlp_hidden", 4, 0)])
+@pytest.mark.parametrize("names,kv_heads,relaid", [
+    ("qkv,attn_out", 4, 3), ("qkv,attn_out", 2, 0), ("mlp_hidden", 4, 0),
+    # Stacks of the residual stream's shape, with MHA's q, k, v or without
+    # GQA's (#287).
+    ("qkv,decoder_layer_input,out_proj", 4, 5),
+    ("qkv,decoder_layer_input,out_proj", 2, 2)])
 def test_offloaded_attention_stacks_are_relaid_before_the_backward(
     names, kv_heads, relaid):
   """The relaid-stacks rule: of the host stacks remat offload saves, the
@@ -850,7 +866,9 @@ def test_offloaded_attention_stacks_are_relaid_before_the_backward(
   TPU, anywhere after the loss's last equation (held at each of those
   points), when they are of one shape (MHA: tiny with 4 kv heads); with
   fewer kv heads than query heads (GQA, tiny's 2) none is (the GQA dumps,
-  #198, #199, #208); attn_out and mlp_hidden (read by matmuls) never."""
+  #198, #199, #208); attn_out and mlp_hidden (read by matmuls) never;
+  the layer inputs and out_proj, stacks of the residual stream's shape,
+  always (#287)."""
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   cfg = dataclasses.replace(load_model("tiny"), n_kv_heads=kv_heads)
   traced = trace_probe(cfg, TrainSettings(

@@ -428,7 +428,13 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   here; a chunked loss's deferred part is a loop's carried
                   gradient, not one matmul to recompute, and keeps the
                   larger order), not on GPUs (other flags), not under the
-                  1F1B rule. Held out (compiled after the rule was written):
+                  1F1B rule, not where a layer loop's residuals go to host
+                  memory (remat offload: #287, llama3_8b v6e-8 8x1 b24
+                  s8192 offload:decoder_layer_input,qkv,out_proj, held the
+                  f32 logits to its peak, 38.13 GiB at copy.819 in the
+                  dump libtpu writes as it refuses the plan, 25% over the
+                  limit, and recomputed none; the deferred order's
+                  simulation -3.1%). Held out (compiled after the rule was written):
                   llama2_7b v5e-32 16x2 (#45's step; 16 GiB chips) at b256,
                   under the limit, the deferred order kept (-0.85%, #96);
                   at b288, over it, XLA 13.25 GiB where the deferred order
@@ -493,7 +499,20 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   -> +7.29%, #199 +5.54% -> -4.16%, #228 +35.23% ->
                   +15.14%, and the deferred bounds of #122 +46.79% ->
                   +30.07%, #137 +32.02% -> +23.08%, #198 +45.40% ->
-                  +28.89% (their traced schedules within 1.8%);
+                  +28.89% (their traced schedules within 1.8%). Stacks
+                  of the residual stream's shape (a layer-loop carry's:
+                  the layer inputs, remat offload's decoder_layer_input,
+                  and the attention's output projection, out_proj) are
+                  relaid too: #287 (llama3_8b v6e-8 8x1 s8192
+                  offload:decoder_layer_input,qkv,out_proj; GQA, its q, k,
+                  v not relaid) copies both bf16[32,B,8192,4096] stacks
+                  from {2,3,1,0} to {3,2,1,0} (copy.817, copy.820 at b16,
+                  XLA's peak 29.94 GiB at copy.820: -5.5% -> -3.4%;
+                  copy.816, copy.819 at b24, its 38.13 GiB peak). #288
+                  (llama2_7b v5p-32 8x2 names:mlpwi+
+                  offload:decoder_layer_input, the layer inputs alone
+                  offloaded) relays nothing: the rule holds two copies
+                  there too, an upper bound (+8.5%);
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
@@ -742,14 +761,26 @@ class RelaidStack:
 def relaid_host_stacks(eqn) -> list:
   """The relaid-stacks rule: the host-memory stacks a backward
   loop reads into its attention's loops (remat offload's q, k, v), when
-  they are all of one shape (MHA); q wider than k and v (GQA): none."""
+  they are all of one shape (MHA; q wider than k and v (GQA): none), and
+  those whose layer slices have the residual stream's shape, a carry's of
+  the loop (the layer inputs and the attention's output projection,
+  offloaded: llama3_8b v6e-8 b16 s8192 offload:decoder_layer_input,qkv,
+  out_proj, copy.817 and copy.820, bf16[32,2,8192,4096] {2,3,1,0} to
+  {3,2,1,0}, with GQA's q, k, v not relaid)."""
   if not (runs_whole(eqn) and made_by_backward(eqn)):
     return []
   body = _subjaxprs(eqn)[0]
-  stacks = [v for v, b in zip(eqn.invars, body.invars)
-            if isinstance(v, jcore.Var) and on_host(v.aval)
-            and _read_by_loop(body, b)]
-  return stacks if len({v.aval.shape for v in stacks}) == 1 else []
+  host = [(v, b) for v, b in zip(eqn.invars, body.invars)
+          if isinstance(v, jcore.Var) and on_host(v.aval)]
+  attention = [v for v, b in host if _read_by_loop(body, b)]
+  if len({v.aval.shape for v in attention}) != 1:
+    attention = []
+  nc, ncarry = loops.scan_counts(eqn) if eqn.primitive.name == "scan" else (
+      0, 0)
+  carries = {tuple(v.aval.shape) for v in eqn.invars[nc:nc + ncarry]}
+  residual = [v for v, _ in host if v not in attention
+              and tuple(v.aval.shape[1:]) in carries]
+  return attention + residual
 
 
 def relay_stretch(eqns, loop: int) -> range:
@@ -849,8 +880,15 @@ def logits_recomputable(jaxpr) -> bool:
   """Whether the step's own jaxpr makes the output projection's weight
   gradient by one matmul (an unchunked loss): what its deferred order holds
   is then the logits' gradient, which XLA recomputes near its limit (the
-  rematerialized-logits rule)."""
+  rematerialized-logits rule). Not where the step offloads residuals to
+  host memory (remat offload): llama3_8b v6e-8 8x1 b24 s8192
+  offload:decoder_layer_input,qkv,out_proj (corpus #287) keeps the f32
+  logits live to its peak, 38.13 GiB at copy.819 (the deferred order, 25%
+  over the limit; libtpu refuses the plan for HBM), and recomputes none."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  if any(on_host(v.aval) for e in jaxpr.eqns if is_loop(e)
+         for v in e.outvars):  # a layer loop's residual stacks in host memory
+    return False
   return any(_matmul_kind(e) == "weight_grad"
              and scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)
              for e in jaxpr.eqns)

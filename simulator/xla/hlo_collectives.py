@@ -111,7 +111,8 @@ def _computations(text: str) -> dict[str, list[str]]:
         current = m.group(1)
         comps[current] = [line]
       continue
-    if line.strip() == "}":
+    if line.startswith("}"):  # "}" or, for a host computation under
+      # offload, '}, execution_thread="host"'
       current = None
       continue
     comps[current].append(line)
