@@ -118,28 +118,16 @@ def summary(rows: list[dict]) -> list[str]:
   exact = sum(1 for r in lay if r["relative_error"]["arguments_layout"] == 0)
   lines.append(f"- arguments with the compiled tiled layouts: exact in {exact} of "
                f"{len(lay)}")
-  with_coll = [r for r in ok if r.get("collectives")]
-  streamed = [r for r in with_coll if _streamed_in_loops(r["config"])]
-  coll = [r["collectives"] for r in with_coll if r not in streamed]
+  coll = [r["collectives"] for r in ok if r.get("collectives")]
   errs = [abs(c["relative_error"]) for c in coll
           if c["relative_error"] is not None]
   if errs:
-    tag = lambda r: (f"#{r['config'].get('index', '?')} "
-                     f"{_pct(r['collectives']['relative_error'])}")
     lines.append(
         f"- collective bytes per device per step, symbolic (simulator.timing.comms) vs "
         f"the compiled HLO: |relative error| median "
         f"{100 * statistics.median(errs):.2f}%, worst {100 * max(errs):.2f}% "
         f"over {len(errs)} configs; summed, {sum(c['symbolic_bytes'] for c in coll) / GiB:.2f}"
-        f" vs {sum(c['hlo_bytes'] for c in coll) / GiB:.2f} GiB"
-        + (f"; not comparable where the layer loops stream from host memory "
-           f"({', '.join(map(tag, streamed))}): XLA peels such a loop's "
-           f"first iteration into the step, its collectives keeping the "
-           f"loop body's channel ids, and the HLO reader merges copies "
-           f"that share one as a multi-step collective fusion's steps, run "
-           f"once (#288: channel 31's all-reduce-scatter, 31 runs in the "
-           f"backward loop and 1 in the step, read as 1)"
-           if streamed else ""))
+        f" vs {sum(c['hlo_bytes'] for c in coll) / GiB:.2f} GiB")
   flops = [r for r in ok if r.get("flops") and _part(r) != "toy"]
   if flops:
     host = [r for r in flops if _streamed_in_loops(r["config"])]

@@ -19,7 +19,7 @@ from simulator.xla import hlo_collectives as H  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-HLO = textwrap.dedent("""\
+_COND = textwrap.dedent("""\
     HloModule m
 
     %cond (p: (s32[], f32[8])) -> pred[] {
@@ -29,6 +29,9 @@ HLO = textwrap.dedent("""\
       ROOT %lt = pred[] compare(%i, %n), direction=LT
     }
 
+    """)
+
+HLO = _COND + textwrap.dedent("""\
     %body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
       %p = (s32[], f32[8]{0}) parameter(0)
       %x = f32[8]{0} get-tuple-element(%p), index=1
@@ -76,6 +79,46 @@ def test_a_host_computation_ends_where_its_brace_does():
   colls, known = H.parse_collectives(text, (4, 2))
   by = {c.name: c for c in colls}
   assert known and by["ag"].count == 3 and by["ar"].count == 3
+
+
+PEELED = _COND + textwrap.dedent("""\
+    %ars.1 (input.1: f32[8]) -> f32[4] {
+      %input.1 = f32[8]{0} parameter(0)
+      %all-reduce.1 = f32[8]{0} all-reduce(%input.1), channel_id=7, replica_groups=[4,2]<=[8], use_global_device_ids=true, to_apply=%add
+      %o = u32[] constant(0)
+      ROOT %dynamic-slice.1 = f32[4]{0} dynamic-slice(%all-reduce.1, %o), dynamic_slice_sizes={4}
+    }
+
+    %ars.2 (input.2: f32[8]) -> f32[4] {
+      %input.2 = f32[8]{0} parameter(0)
+      %all-reduce.2 = f32[8]{0} all-reduce(%input.2), channel_id=7, replica_groups=[4,2]<=[8], use_global_device_ids=true, to_apply=%add
+      %o.2 = u32[] constant(0)
+      ROOT %dynamic-slice.2 = f32[4]{0} dynamic-slice(%all-reduce.2, %o.2), dynamic_slice_sizes={4}
+    }
+
+    %body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+      %p = (s32[], f32[8]{0}) parameter(0)
+      %x = f32[8]{0} get-tuple-element(%p), index=1
+      %f = f32[4]{0} fusion(%x), kind=kCustom, calls=%ars.1
+      ROOT %t = (s32[], f32[8]{0}) tuple(%i, %x)
+    }
+
+    ENTRY %main (a: f32[8]) -> f32[8] {
+      %a = f32[8]{0} parameter(0)
+      %g = f32[4]{0} fusion(%a), kind=kCustom, calls=%ars.2
+      %w = (s32[], f32[8]{0}) while(%t0), condition=%cond, body=%body
+      ROOT %r = f32[8]{0} copy(%a)
+    }
+    """)
+
+
+def test_a_peeled_loops_reduce_scatter_runs_in_both_places():
+  """libtpu's all-reduce-scatter fusion (an all-reduce, and this device's
+  slice of it as root) is a whole reduce-scatter: where XLA peels a
+  loop's first iteration into the step (host offload, #288) the peeled
+  copy keeps the body's channel id, and both copies run."""
+  colls, _ = H.parse_collectives(PEELED, (4, 2))
+  assert sorted(c.count for c in colls) == [1, 3]
 
 
 MULTI_STEP = textwrap.dedent("""\

@@ -500,19 +500,18 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   +15.14%, and the deferred bounds of #122 +46.79% ->
                   +30.07%, #137 +32.02% -> +23.08%, #198 +45.40% ->
                   +28.89% (their traced schedules within 1.8%). Stacks
-                  of the residual stream's shape (a layer-loop carry's:
-                  the layer inputs, remat offload's decoder_layer_input,
-                  and the attention's output projection, out_proj) are
-                  relaid too: #287 (llama3_8b v6e-8 8x1 s8192
-                  offload:decoder_layer_input,qkv,out_proj; GQA, its q, k,
-                  v not relaid) copies both bf16[32,B,8192,4096] stacks
+                  of the residual stream's shape are sometimes relaid too,
+                  not modelled: #287 (llama3_8b v6e-8 8x1 s8192
+                  offload:decoder_layer_input,qkv,out_proj) copies its
+                  layer inputs' and out_proj's bf16[32,B,8192,4096] stacks
                   from {2,3,1,0} to {3,2,1,0} (copy.817, copy.820 at b16,
-                  XLA's peak 29.94 GiB at copy.820: -5.5% -> -3.4%;
-                  copy.816, copy.819 at b24, its 38.13 GiB peak). #288
-                  (llama2_7b v5p-32 8x2 names:mlpwi+
-                  offload:decoder_layer_input, the layer inputs alone
-                  offloaded) relays nothing: the rule holds two copies
-                  there too, an upper bound (+8.5%);
+                  XLA's peak 29.94 GiB at copy.820, the simulation -5.5%;
+                  copy.816, copy.819 at b24), while #288 (llama2_7b
+                  v5p-32 8x2, the layer inputs alone offloaded) relays
+                  none, and MaxText's llama3.1-70b recipe on v6e-256
+                  (offload:decoder_layer_input,qkv, 50 GiB stacks a device
+                  on 32 GiB chips) none: two HBM copies of the largest
+                  were 100 GiB there;
   dead code       an equation no live value reads (and with no effects) is
                   removed, as jit's dead-code pass removes it: no buffer and
                   no transient work. Flax's lifted layer scan leaves one
@@ -761,26 +760,14 @@ class RelaidStack:
 def relaid_host_stacks(eqn) -> list:
   """The relaid-stacks rule: the host-memory stacks a backward
   loop reads into its attention's loops (remat offload's q, k, v), when
-  they are all of one shape (MHA; q wider than k and v (GQA): none), and
-  those whose layer slices have the residual stream's shape, a carry's of
-  the loop (the layer inputs and the attention's output projection,
-  offloaded: llama3_8b v6e-8 b16 s8192 offload:decoder_layer_input,qkv,
-  out_proj, copy.817 and copy.820, bf16[32,2,8192,4096] {2,3,1,0} to
-  {3,2,1,0}, with GQA's q, k, v not relaid)."""
+  they are all of one shape (MHA); q wider than k and v (GQA): none."""
   if not (runs_whole(eqn) and made_by_backward(eqn)):
     return []
   body = _subjaxprs(eqn)[0]
-  host = [(v, b) for v, b in zip(eqn.invars, body.invars)
-          if isinstance(v, jcore.Var) and on_host(v.aval)]
-  attention = [v for v, b in host if _read_by_loop(body, b)]
-  if len({v.aval.shape for v in attention}) != 1:
-    attention = []
-  nc, ncarry = loops.scan_counts(eqn) if eqn.primitive.name == "scan" else (
-      0, 0)
-  carries = {tuple(v.aval.shape) for v in eqn.invars[nc:nc + ncarry]}
-  residual = [v for v, _ in host if v not in attention
-              and tuple(v.aval.shape[1:]) in carries]
-  return attention + residual
+  stacks = [v for v, b in zip(eqn.invars, body.invars)
+            if isinstance(v, jcore.Var) and on_host(v.aval)
+            and _read_by_loop(body, b)]
+  return stacks if len({v.aval.shape for v in stacks}) == 1 else []
 
 
 def relay_stretch(eqns, loop: int) -> range:

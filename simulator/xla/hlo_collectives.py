@@ -37,7 +37,11 @@ times a step where its start runs 32 (once a layer): counted at each
 copy's own runs, the step's all-gathers read 49.5 GiB against the traced
 program's 26.5. Copies inside fusions' computations that share a channel
 id, kind and shapes are one collective, run as often as the copy run
-least (none where one such collective sits outside a fusion).
+least (none where one such collective sits outside a fusion). Not so
+libtpu's all-reduce-scatter fusions (an all-reduce and, as root, this
+device's slice of it): each is a whole reduce-scatter, and under host
+offload XLA peels a layer loop's first iteration into the step with its
+collectives' channel ids (#288), so each copy is counted at its runs.
 Collectives outside fusions are each their own, channel ids alike: a
 shard_map with every mesh axis manual gives its collectives channel_id=1,
 the forward's permute and its transpose's in the backward loop alike (gpt2
@@ -310,10 +314,28 @@ def _fused(comps: dict[str, list[str]]) -> set[str]:
   fused: set[str] = set()
   while todo:
     name = todo.pop()
-    if name not in fused:
+    if name not in fused and not _whole_reduce_scatter(comps.get(name, [])):
       fused.add(name)
       todo += callees.get(name, [])
   return fused
+
+
+def _whole_reduce_scatter(lines: list[str]) -> bool:
+  """A fused computation that is a whole reduce-scatter (libtpu's
+  all-reduce-scatter fusion: an all-reduce and, as its root, this device's
+  slice of it), not a step of a multi-step collective: each copy of it
+  runs, so copies sharing a channel id are each counted. Under host
+  offload XLA peels a layer loop's first iteration into the step with its
+  collectives' channel ids (#288: channel 31's all-reduce-scatter, 31 runs
+  in the backward loop and 1 peeled)."""
+  root = next((l for l in lines[1:] if l.lstrip().startswith("ROOT ")), "")
+  m = _INSTR.match(root)
+  if not m or m.group(3) != "dynamic-slice":
+    return False
+  operand = re.findall(r"%([\w.\-]+)", m.group(4))[:1]
+  return bool(operand) and any(
+      (i := _INSTR.match(l)) and i.group(1) == operand[0]
+      and i.group(3).startswith("all-reduce") for l in lines[1:])
 
 
 def summarize(collectives: Iterable[HloCollective]) -> dict[str, dict[str, int]]:
