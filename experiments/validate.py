@@ -155,6 +155,12 @@ def _print_oom(row: dict) -> None:
   print(f"XLA: does not fit: needs {oom['temp_bytes'] / GiB:.1f} GiB of "
         f"temporaries, {oom['hbm_bytes'] / GiB:.1f} GiB of HBM available "
         "(CompileTimeHbmOom)")
+  if oom.get("peak_buffers"):  # read off the dump libtpu wrote as it refused
+    print(f"XLA's heap at its peak: {oom['peak_bytes'] / GiB:.2f} GiB at "
+          f"{oom['peak_instruction']}; largest live there (GiB):")
+    for b in oom["peak_buffers"][:8]:
+      print(f"  {b['bytes'] / GiB:8.3f}  {b['shape']}  "
+            f"{b['op_name'] or b['value']}"[:160])
   print(f"symbolic: temporaries {sym['temp'] / GiB:.1f} GiB "
         f"({100 * row['oom_relative_error']:+.1f}%), peak "
         f"{sym['peak'] / GiB:.1f} GiB with the planning overhead: "
@@ -200,7 +206,7 @@ def main(argv):
       raise
     _print_oom(crosscheck.recheck({"config": {
         "model": FLAGS.model, "topology": FLAGS.topology, "mesh": f"{x}x{y}",
-        **vars_of(settings)}, "oom": oom}))
+        **vars_of(settings)}, "oom": {**oom, **crosscheck.refused_at(e)}}))
     return
   if settings.schedule == "1f1b":
     print("note: --schedule=1f1b: XLA compiles the traced GPipe program, so "

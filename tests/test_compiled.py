@@ -407,3 +407,14 @@ def test_matmul_flops_count_a_loop_body_once_as_cost_analysis_does():
   assert got["symbolic"] == flops
   assert got["relative_error"] == -0.2
   assert compiled.compare_flops(dots, None) is None
+
+
+def test_a_refusal_without_a_dump_has_no_peak(tmp_path):
+  """Where libtpu wrote no buffer assignment (or none could be read) the
+  refused compile carries no peak, and its row gets no peak fields."""
+  from simulator.xla import compiled, crosscheck
+  assert compiled.refused_peak(str(tmp_path), "jit_step") is None
+  error = RuntimeError("CompileTimeHbmOom")
+  error.xla_peak = None
+  assert crosscheck.refused_at(error) == {} == crosscheck.refused_at(
+      RuntimeError())

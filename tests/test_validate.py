@@ -56,11 +56,16 @@ def test_text_report_is_quiet_and_names_the_peak():
 
 def test_a_plan_over_hbm_is_an_answer():
   """XLA refuses llama2_7b on 4 chips at batch 32 without remat: the report
-  says how much it needed and that the estimate agrees, exit 0."""
+  says how much it needed, what XLA held at its peak as it refused (read
+  off the dump libtpu writes then), and that the estimate agrees, exit 0."""
   p = _run("--model=llama2_7b", "--topology=v5p-8", "--mesh=4x1",
            "--batch=32", "--seq=2048", "--remat=none")
   assert p.returncode == 0, p.stderr[-3000:]
   assert "XLA: does not fit: needs" in p.stdout
+  heap = [l for l in p.stdout.splitlines()
+          if l.startswith("XLA's heap at its peak: ")]
+  assert heap and float(heap[0].split()[5]) > 95  # GiB, over v5p's HBM
+  assert "jit(step)/" in p.stdout  # a buffer named by the op that made it
   assert "does not fit" in p.stdout.splitlines()[-1]
   assert "Traceback" not in p.stderr
 

@@ -225,15 +225,31 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
     lowered = traced.lower()
     module = module_name(lowered)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
-    compiled = lowered.compile(
-        compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
-                          "xla_dump_hlo_pass_re": dump_passes}
-        if dumps else None)
+    try:
+      compiled = lowered.compile(
+          compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
+                            "xla_dump_hlo_pass_re": dump_passes}
+          if dumps else None)
+    except Exception as e:
+      # libtpu refusing a plan for HBM still dumps the module's buffer
+      # assignment and live ranges: what it held at its peak goes with
+      # the error (`refused_peak`).
+      e.xla_peak = refused_peak(dump, module) if dumps else None
+      raise
     seconds = time.perf_counter() - t0
     hlo_text = _optimized_hlo(compiled, dump, module)
     peak = xla_peak.read_peak(dump, module) if dumps else None
   say(f"{label}compiled in {seconds:.1f} s")
   return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak)
+
+
+def refused_peak(dump: str, module: str) -> xla_peak.XlaPeak | None:
+  """The live set at XLA's peak as libtpu dumped it when it refused the
+  plan for HBM (CompileTimeHbmOom), or None where it dumped none."""
+  try:
+    return xla_peak.read_peak(dump, module)
+  except Exception:  # noqa: BLE001 - no dump, or a partial one
+    return None
 
 
 def module_name(lowered) -> str:

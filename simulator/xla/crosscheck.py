@@ -111,6 +111,19 @@ def hbm_oom(message: str) -> dict[str, int] | None:
           "hbm_bytes": int(float(m.group(2)) * 2**30)}
 
 
+def refused_at(error: BaseException, top: int = compiled.PEAK_BUFFERS
+               ) -> dict[str, Any]:
+  """What XLA held at its peak when it refused a plan for HBM, if its dump
+  was read (simulator.xla.compiled.refused_peak): the peak's bytes, the
+  instruction there and the `top` largest buffers live, as a kept row
+  holds them; {} otherwise."""
+  peak = getattr(error, "xla_peak", None)
+  if peak is None:
+    return {}
+  return {"peak_bytes": peak.peak_bytes, "peak_instruction": peak.instruction,
+          "peak_buffers": [dataclasses.asdict(b) for b in peak.buffers[:top]]}
+
+
 def compile_case(cfg: ModelConfig, settings: TrainSettings, topology: str,
                  x: int, y: int, progress: Callable[[str], None] | None = None
                  ) -> dict[str, Any]:
@@ -126,5 +139,5 @@ def compile_case(cfg: ModelConfig, settings: TrainSettings, topology: str,
            "compile_seconds": time.perf_counter() - started}
     oom = hbm_oom(text)
     if oom:
-      row["oom"] = oom
+      row["oom"] = {**oom, **refused_at(e)}
     return row
