@@ -161,8 +161,8 @@ def _print_oom(row: dict) -> None:
     for b in oom["peak_buffers"][:8]:
       print(f"  {b['bytes'] / GiB:8.3f}  {b['shape']}  "
             f"{b['op_name'] or b['value']}"[:160])
-  print(f"symbolic: temporaries {sym['temp'] / GiB:.1f} GiB "
-        f"({100 * row['oom_relative_error']:+.1f}%), peak "
+  print(f"symbolic: peak {sym['peak_no_overhead'] / GiB:.1f} GiB "
+        f"({100 * row['oom_relative_error']:+.1f}% against XLA's heap), "
         f"{sym['peak'] / GiB:.1f} GiB with the planning overhead: "
         f"{'fits (wrong)' if row['symbolic_fits'] else 'does not fit'}")
 

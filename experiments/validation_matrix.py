@@ -12,7 +12,7 @@
       order (the file keeps them in the order they finished compiling)
 
 A config that fails to compile is a result: an out-of-HBM compile keeps the
-bytes XLA said it needed. The table (--out, summary per corpus part: median
+bytes XLA said it needed and its heap at its peak as it refused. The table (--out, summary per corpus part: median
 and worst relative error of peak, arguments and collective bytes, and the
 matmul FLOPs against the compiler's cost analysis, symbolic vs compiled) is
 rewritten after every config, so a cut-short run still leaves its rows.
@@ -96,8 +96,9 @@ def summary(rows: list[dict]) -> list[str]:
     errs = ", ".join(f"{100 * r['oom_relative_error']:+.1f}%" for r in oom)
     lines.append(f"- {len(oom)} configs over HBM at compile time (XLA's "
                  f"CompileTimeHbmOom): the symbolic estimate says 'does not "
-                 f"fit' for {says}; its temporaries vs the bytes XLA said it "
-                 f"needed: {errs}")
+                 f"fit' for {says}; its peak (no planning overhead) vs XLA's "
+                 f"heap as it refused, arguments included (the figure "
+                 f"libtpu's message calls HLO temporaries): {errs}")
   rebuilt = [r for r in ok if r["compiled"].get("peak_live_bytes")]
   taken = [r for r in rebuilt if r["compiled"].get("peak_source") == LIVE_SET]
   live = [r for r in rebuilt if r["compiled"].get("peak_source") != LIVE_SET]
@@ -178,8 +179,9 @@ def _row(i: int, r: dict) -> list[str]:
   g = lambda b: f"{b / GiB:.3f}"
   if "oom_relative_error" in r:
     verdict = "does not fit" if not r["symbolic_fits"] else "FITS (wrong)"
-    return pre + [f"XLA: over HBM, needs {g(r['oom']['temp_bytes'])} GiB "
-                  f"of temporaries; symbolic temp {g(r['symbolic']['temp'])} "
+    needed = r["oom"].get("peak_bytes") or r["oom"]["temp_bytes"]
+    return pre + [f"XLA: over HBM, its heap {g(needed)} GiB as it refused; "
+                  f"symbolic peak-ovh {g(r['symbolic']['peak_no_overhead'])} "
                   f"({_pct(r['oom_relative_error'])}), says {verdict}"] + [
                       ""] * (len(COLUMNS) - len(pre) - 1)
   if "relative_error" not in r:

@@ -72,8 +72,12 @@ def settings_of(config: dict[str, Any]) -> TrainSettings:
 
 def recheck(row: dict[str, Any]) -> dict[str, Any]:
   """A kept corpus row with its symbolic side recomputed by today's model
-  against the compiled figures it holds. An out-of-HBM row gets the symbolic
-  temporaries beside the bytes XLA said it needed; other failed rows are
+  against the compiled figures it holds. An out-of-HBM row gets the
+  symbolic peak (no planning overhead) beside XLA's heap as it refused:
+  the figure libtpu's message calls "HLO temporaries" is that heap's peak,
+  arguments included (#58: 164.95 GiB both; #287: 38.32 GiB in the
+  message, 38.13 read off its dump, 11.22 of them arguments), taken off
+  the dump where the row keeps it (`refused_at`); other failed rows are
   returned as they are."""
   if "compiled" not in row and "oom" not in row:
     return row
@@ -84,9 +88,9 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
                                 settings_of(config), config["topology"], x, y)
   sym = compiled.symbolic_side(estimate, target)
   if "oom" in row:
-    needed = row["oom"]["temp_bytes"]
+    needed = row["oom"].get("peak_bytes") or row["oom"]["temp_bytes"]
     return {**row, "symbolic": sym,
-            "oom_relative_error": (sym["temp"] - needed) / needed,
+            "oom_relative_error": (sym["peak_no_overhead"] - needed) / needed,
             "symbolic_fits": bool(estimate.fits)}
   comp = row["compiled"]
   return {**row, "symbolic": sym,
