@@ -434,7 +434,8 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   f32 logits to its peak, 38.13 GiB at copy.819 in the
                   dump libtpu writes as it refuses the plan, 25% over the
                   limit, and recomputed none; the deferred order's
-                  simulation -3.1%). Held out (compiled after the rule was written):
+                  simulation -9.9%, the relaid copies below not modelled).
+                  Held out (compiled after the rule was written):
                   llama2_7b v5e-32 16x2 (#45's step; 16 GiB chips) at b256,
                   under the limit, the deferred order kept (-0.85%, #96);
                   at b288, over it, XLA 13.25 GiB where the deferred order
