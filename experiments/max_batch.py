@@ -89,8 +89,8 @@ def main(argv) -> None:
 
 def _said(p) -> str:
   if p.refused:
-    return (f"XLA refuses it for HBM (needs {p.peak_bytes / GiB:.2f} GiB of "
-            "temporaries)")
+    return (f"XLA refuses it for HBM (its heap {p.peak_bytes / GiB:.2f} GiB "
+            "as it refused)")
   return f"XLA's peak {p.peak_bytes / GiB:.2f} GiB"
 
 

@@ -12,10 +12,11 @@
       order (the file keeps them in the order they finished compiling)
 
 A config that fails to compile is a result: an out-of-HBM compile keeps the
-bytes XLA said it needed and its heap at its peak as it refused. The table (--out, summary per corpus part: median
-and worst relative error of peak, arguments and collective bytes, and the
-matmul FLOPs against the compiler's cost analysis, symbolic vs compiled) is
-rewritten after every config, so a cut-short run still leaves its rows.
+bytes XLA said it needed and its heap at its peak as it refused. The table
+(--out, summary per corpus part: median and worst relative error of peak,
+arguments and collective bytes, and the matmul FLOPs against the
+compiler's cost analysis, symbolic vs compiled) is rewritten after every
+config, so a cut-short run still leaves its rows.
 """
 
 from __future__ import annotations

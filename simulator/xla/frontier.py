@@ -33,8 +33,9 @@ from simulator.settings import TrainSettings
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-  """One compile: XLA's peak at `batch` (for a refusal, the temporaries it
-  said it needed), and whether that fits the budget."""
+  """One compile: XLA's peak at `batch` (for a refusal, its heap's peak as
+  it refused: the figure libtpu's message calls HLO temporaries), and
+  whether that fits the budget."""
   batch: int
   peak_bytes: int
   refused: bool  # CompileTimeHbmOom: XLA would not lay the step out in HBM
