@@ -128,6 +128,14 @@ def _int(overrides: dict, key: str, default: int) -> int:
     raise ValueError(f"MaxText {key}={value!r} must be an integer") from None
 
 
+def _float(overrides: dict, key: str) -> float:
+  value = overrides[key]
+  try:
+    return float(value)
+  except ValueError:
+    raise ValueError(f"MaxText {key}={value!r} must be a number") from None
+
+
 def _model(o: dict) -> tuple[str, str, ModelConfig | None]:
   """(model flag, why, the scaled config or None for a preset)."""
   if "model_name" in o and o["model_name"] != "default":
@@ -275,8 +283,11 @@ def maxtext_run(text: str, chips: int) -> MaxTextRun:
   put("optimizer", _OPTIMIZERS[opt], f"opt_type={opt}")
   unexpressed = []
   if "capacity_factor" in o:  # MaxText's token dropping (a mixture of experts)
-    put("capacity_factor", o["capacity_factor"],
-        f"capacity_factor={o['capacity_factor']}")
+    if _float(o, "capacity_factor") > 0:
+      put("capacity_factor", o["capacity_factor"],
+          f"capacity_factor={o['capacity_factor']}")
+    else:  # MaxText's dropless dense path: every expert on every token
+      unexpressed.append(f"capacity_factor={o['capacity_factor']} (dropless)")
   model = _config(name, cfg)
   if model is not None and model.moe:
     # MaxText's default dispatch is ragged and dropless (megablox,

@@ -38,7 +38,8 @@ from simulator.settings import TrainSettings, settings_from
 from simulator import memory
 from simulator.tracing import mesh_class
 from simulator.timing import roofline
-from simulator.step import PlanError, check_pipeline, check_seq, with_images
+from simulator.step import (PlanError, check_model_settings, check_pipeline,
+                            check_seq, with_images)
 from simulator.tracing.trace import trace_probe
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer", "P")
@@ -137,6 +138,7 @@ class SweepSpec:
     first = self.settings(self.batches[0], self.remats[0], self.shards[0],
                           self.optimizers[0])
     check_seq(with_images(cfg, first), first)
+    check_model_settings(cfg, first)
     for x, y in self.meshes or ():
       if not any(x * y * p == topo.chips for p in self.pps):
         plan_mesh(topo, x, y)  # its one-line error names the valid meshes

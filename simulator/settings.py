@@ -42,7 +42,8 @@ class TrainSettings:
   lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
   base_quant: str = "none"  # the frozen base's projections stored quantized
   offload: tuple[str, ...] = ()  # OFFLOADS kept in host memory between steps
-  # Mixture of experts (ignored by dense models): how tokens reach experts,
+  # Mixture of experts (a dense model refuses all but the defaults,
+  # simulator.step.build_step): how tokens reach experts,
   # each expert's slots per sequence relative to an even share, and the mesh
   # axis the experts are split over.
   moe_dispatch: str = "capacity"

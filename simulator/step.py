@@ -277,21 +277,34 @@ def check_seq(cfg: ModelConfig, settings: TrainSettings) -> None:
                      f"{cfg.max_len}")
 
 
-def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
-               base_rules: AxisRules = FSDP_TP) -> Step:
-  """Abstract arguments and the step function for `mesh` (abstract or real)."""
-  cfg = with_images(cfg, settings)
-  check_seq(cfg, settings)
+def check_model_settings(cfg: ModelConfig, settings: TrainSettings) -> None:
+  """One-line ValueErrors for settings of a kind of model `cfg` is not: a
+  decoder length without an encoder, expert settings without experts,
+  adapters on a mixture of experts' MLP."""
   if settings.target_seq and not cfg.encoder_decoder:
     raise ValueError(f"target_seq={settings.target_seq}: {cfg.name} has no "
                      "encoder; target_seq is an encoder-decoder's decoder "
                      "length")
+  if not cfg.moe and (settings.capacity_factor != 1.0
+                      or settings.expert_axis != "none"):
+    raise ValueError(f"capacity_factor={settings.capacity_factor}, "
+                     f"expert_axis={settings.expert_axis}: {cfg.name} has no "
+                     "mixture of experts; these set a routed model's experts "
+                     "(e.g. mixtral_8x7b)")
   mlp_targets = sorted(set(settings.lora_targets) & {"wi", "wi_gate", "wo"})
   if cfg.moe and settings.lora_rank and mlp_targets:
     raise ValueError(f"lora_targets={','.join(settings.lora_targets)}: "
                      f"{mlp_targets[0]!r} is in {cfg.name}'s mixture of "
                      "experts, where adapters are not built; valid: q, k, v, "
                      "o")
+
+
+def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
+               base_rules: AxisRules = FSDP_TP) -> Step:
+  """Abstract arguments and the step function for `mesh` (abstract or real)."""
+  cfg = with_images(cfg, settings)
+  check_seq(cfg, settings)
+  check_model_settings(cfg, settings)
   check_pipeline(cfg, settings)
   if dict(mesh.shape).get("P", 1) != settings.pp:
     raise PlanError(f"pp={settings.pp} needs a mesh with P={settings.pp}; "

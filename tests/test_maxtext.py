@@ -167,3 +167,17 @@ def test_the_maxtext_flag_prints_its_mapping_and_refuses_a_conflict():
   assert clash.returncode == 2
   assert clash.stderr.strip() == ("error: --batch=16 and --maxtext (which "
                                   "sets --batch=8) are both given; give one")
+
+
+@pytest.mark.parametrize("extra,flag,unexpressed", [
+    # GShard capacity dispatch, as this project's: mapped.
+    ("capacity_factor=1.25", "1.25", ("megablox=true (default)",
+                                      "sparse_matmul=true (default)")),
+    # MaxText's dropless dense path (every expert on every token): named.
+    ("capacity_factor=-1 megablox=false sparse_matmul=false", None,
+     ("capacity_factor=-1 (dropless)",)),
+])
+def test_capacity_factor_maps_or_is_named(extra, flag, unexpressed):
+  run = maxtext.maxtext_run(f"model_name=mixtral-8x7b {extra}", chips=64)
+  assert run.flags.get("capacity_factor") == flag
+  assert run.unexpressed == unexpressed

@@ -146,6 +146,8 @@ def _cli(*args):
     (["--run_name=../../x"], "plain folder name"),
     (["--run_name=/tmp/abs"], "plain folder name"),
     (["--model=gpt2", "--seq=2048"], "1024 learned positions"),
+    (["--capacity_factor=1.25"], "has no mixture of experts"),
+    (["--target_seq=64"], "has no encoder"),
 ])
 def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
   p = _cli(*args, f"--logdir={tmp_path}")
