@@ -81,6 +81,42 @@ def test_a_host_computation_ends_where_its_brace_does():
   assert known and by["ag"].count == 3 and by["ar"].count == 3
 
 
+HOST_GATHER = _COND + textwrap.dedent("""\
+    %gather (p: u8[32,1024,5504]) -> u8[1,4096,5504] {
+      %p = u8[32,1024,5504]{2,1,0} parameter(0)
+      %tok = token[] after-all(), frontend_attributes={MegascaleRendezvousKeyName="all-gather.458_0"}
+      %slice.1 = u8[1,1024,5504]{2,1,0} slice(%p), slice={[0:1], [0:1024], [0:5504]}
+      %out.1 = u8[1,4096,5504]{2,1,0} custom-call(%tok), custom_call_target="MegaScaleCollectiveOutputStart", custom_call_has_side_effect=true, frontend_attributes={_xla_host_transfer_rendezvous="all-gather.458_0",_xla_megascale_channel_id="73",_xla_megascale_target={{100000,100002,100001,100003}},_xla_megascale_transfer_type="ALL_GATHER"}, backend_config={channel_id = 73}
+      %in.1 = u8[1,1024,5504]{2,1,0} custom-call(%slice.1, %tok), custom_call_target="MegaScaleCollectiveInputStart", custom_call_has_side_effect=true, output_to_operand_aliasing={{}: (0, {})}, frontend_attributes={_xla_host_transfer_rendezvous="all-gather.458_0",_xla_megascale_channel_id="74",_xla_megascale_target={{100000,100002,100001,100003}},_xla_megascale_transfer_type="ALL_GATHER"}, backend_config={channel_id = 74}
+      ROOT %done.1 = u8[1,4096,5504]{2,1,0} custom-call(%out.1, %in.1), custom_call_target="MegaScaleCollectiveOutputDone", custom_call_has_side_effect=true, output_to_operand_aliasing={{}: (0, {})}, backend_config={channel_id = 73}
+    }, execution_thread="host"
+
+    %body (p: (s32[], u8[32,1024,5504])) -> (s32[], u8[32,1024,5504]) {
+      %p = (s32[], u8[32,1024,5504]{2,1,0}) parameter(0)
+      %x = u8[32,1024,5504]{2,1,0} get-tuple-element(%p), index=1
+      %h = u8[1,4096,5504]{2,1,0} custom-call(%x), custom_call_target="HostExecute", called_computations={%gather}
+      ROOT %t = (s32[], u8[32,1024,5504]{2,1,0}) tuple(%i, %x)
+    }
+
+    ENTRY %main (a: u8[32,1024,5504]) -> u8[32,1024,5504] {
+      %a = u8[32,1024,5504]{2,1,0} parameter(0)
+      %w = (s32[], u8[32,1024,5504]{2,1,0}) while(%t0), condition=%cond, body=%body
+      ROOT %r = u8[32,1024,5504]{2,1,0} copy(%a)
+    }
+    """)
+
+
+def test_a_host_side_megascale_gather_is_an_all_gather_at_its_loops_runs():
+  """An all-gather of NF4 codes kept in host memory runs on the host as
+  MegaScale custom-calls in a computation a HostExecute in the layer loop
+  calls (corpus #70): one all-gather over X, this device's slice in, the
+  gathered codes out, at the loop's trip count."""
+  colls, known = H.parse_collectives(HOST_GATHER, (4, 1))
+  assert known and [(c.kind, c.axes, c.in_bytes, c.out_bytes, c.count)
+                    for c in colls] == [("all-gather", ("X",), 1024 * 5504,
+                                         4096 * 5504, 3)]
+
+
 PEELED = _COND + textwrap.dedent("""\
     %ars.1 (input.1: f32[8]) -> f32[4] {
       %input.1 = f32[8]{0} parameter(0)

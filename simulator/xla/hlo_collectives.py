@@ -42,6 +42,17 @@ libtpu's all-reduce-scatter fusions (an all-reduce and, as root, this
 device's slice of it): each is a whole reduce-scatter, and under host
 offload XLA peels a layer loop's first iteration into the step with its
 collectives' channel ids (#288), so each copy is counted at its runs.
+Collectives XLA runs on the host (MegaScale): an all-gather of values in
+host memory, the NF4 codes of a QLoRA base kept there (--offload=params),
+is not an `all-gather` op but custom-calls `MegaScaleCollectiveInputStart`
+(this device's part as operand) and `MegaScaleCollectiveOutputStart` (the
+gathered result), paired by their `_xla_host_transfer_rendezvous` and
+typed by `_xla_megascale_transfer_type` (ALL_GATHER), with the group as
+`_xla_megascale_target` of device ids offset by 100000. llama2_7b v5p-8
+4x1 QLoRA nf4 --offload=params (corpus #70): 81 of them, u8[1,1024,5504]
+in and u8[1,4096,5504] out for an MLP code slice, in the host
+computations the layer loops call; the step's all-gathers read 0.52 GiB
+without them against the traced program's 6.74.
 Collectives outside fusions are each their own, channel ids alike: a
 shard_map with every mesh axis manual gives its collectives channel_id=1,
 the forward's permute and its transpose's in the backward loop alike (gpt2
@@ -72,6 +83,13 @@ _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _OP_KIND = re.compile(r"^(" + "|".join(KINDS) + r")(-start)?$")
+# MegaScale's host-side collectives (see the module docstring).
+_MEGASCALE = re.compile(r'custom_call_target="MegaScaleCollective(Input|Output)'
+                        r'Start".*?_xla_host_transfer_rendezvous="([^"]+)"')
+_MEGASCALE_KINDS = {"ALL_GATHER": "all-gather", "ALL_REDUCE": "all-reduce",
+                    "REDUCE_SCATTER": "reduce-scatter",
+                    "ALL_TO_ALL": "all-to-all"}
+MEGASCALE_ID_OFFSET = 100000  # _xla_megascale_target's device ids (#70)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +178,10 @@ def _multipliers(text: str, comps: dict[str, list[str]]) -> tuple[dict[str, int]
       for key in ("calls", "to_apply", "true_computation", "false_computation"):
         for callee in re.findall(key + r"=%?([\w.\-]+)", line):
           calls[name].append((callee, 1))
-      br = re.search(r"branch_computations=\{([^}]*)\}", line)
-      if br:
-        for callee in re.findall(r"%?([\w.\-]+)", br.group(1)):
+      for key in ("branch_computations", "called_computations"):
+        listed = re.search(key + r"=\{([^}]*)\}", line)  # called_computations:
+        for callee in re.findall(r"%?([\w.\-]+)", listed.group(1)  # HostExecute
+                                 if listed else ""):
           calls[name].append((callee, 1))
   entry = _entry_name(text)
   mult: dict[str, int] = collections.defaultdict(int)
@@ -271,12 +290,22 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
     for pname, pshape in re.findall(r"([\w.\-]+):\s*((?:\([^)]*\))|[a-z0-9]+\[[\d,]*\])",
                                     header):
       shapes[pname] = pshape
+    host_inputs = {ms.group(2): shape_bytes(m.group(2)) for line in lines[1:]
+                   if (ms := _MEGASCALE.search(line)) and ms.group(1) == "Input"
+                   and (m := _INSTR.match(line))}
     for line in lines[1:]:
       m = _INSTR.match(line)
       if not m:
         continue
       name, result, op, rest = m.groups()
       shapes[name] = result
+      ms = _MEGASCALE.search(rest) if op == "custom-call" else None
+      if ms and ms.group(1) == "Output":
+        host = _megascale(line, result, host_inputs.get(ms.group(2), 0),
+                          max(mult.get(comp, 1), 1), name, comp,
+                          list(mesh_shape), list(axis_names))
+        out += [host] if host else []
+        continue
       km = _OP_KIND.match(op)
       if not km:
         continue
@@ -300,6 +329,26 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
         if key:
           direct.add(key)
   return out + [c for k, c in cloned.items() if k not in direct], known
+
+
+def _megascale(line: str, result: str, in_bytes: int, count: int, name: str,
+               comp: str, mesh_shape: list[int], axis_names: list[str]
+               ) -> HloCollective | None:
+  """A MegaScale host collective's OutputStart as one collective (the module
+  docstring), or None for a transfer type that is no collective here."""
+  kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', line)
+  kind = kind and _MEGASCALE_KINDS.get(kind.group(1))
+  if not kind:
+    return None
+  target = re.search(r"_xla_megascale_target=\{((?:\{[\d,]*\},?)*)\}", line)
+  groups = [[int(x) - MEGASCALE_ID_OFFSET for x in g.split(",") if x]
+            for g in re.findall(r"\{([\d,]*)\}", target.group(1))
+            ] if target else []
+  axes = (_axes_of_groups(groups, mesh_shape, axis_names)
+          if all(0 <= i < math.prod(mesh_shape) for g in groups for i in g)
+          else None)
+  return HloCollective(kind, axes, in_bytes, shape_bytes(result), count, name,
+                       comp, target.group(0) if target else "")
 
 
 def _fused(comps: dict[str, list[str]]) -> set[str]:
