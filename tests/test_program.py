@@ -71,3 +71,19 @@ def test_the_data_only_walk_finds_what_the_full_walk_finds():
   assert (data_only.collectives, data_only.dots, data_only.traffic) == (
       [], [], [])
   assert full.collectives and full.dots and full.traffic
+
+
+def test_a_chunked_losss_weight_gradient_is_reduced_once_after_its_loop():
+  """XLA's while-loop all-reduce code motion: the output projection's
+  weight gradient, partial over X in each chunk and added into the loss
+  loop's carry, is all-reduced once after the loop (corpus #82, #264), not
+  once per chunk."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  settings = TrainSettings(batch=4, seq=128, remat="full", shard="zero3",
+                           loss_chunks=4)
+  read = program.read_traced(trace_probe(PRESETS["tiny"], settings,
+                                         abstract_mesh(plan)))
+  grads = [c for c in read.collectives if c.source.endswith("bsd,dv->bsv")]
+  assert [(c.kind, c.axis, c.count) for c in grads] == [("all-reduce", "X", 1)]
+  cfg = PRESETS["tiny"]
+  assert grads[0].bytes_per_device == cfg.d_model * cfg.vocab_size * 4

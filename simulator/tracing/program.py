@@ -77,6 +77,14 @@ class Collective:
     return self.prefetchable or self.deferrable
 
 
+@dataclasses.dataclass(frozen=True)
+class _Accumulated:
+  """A pending partial-sum record a scan body adds into a carried
+  accumulator (`_Walker._moved_out`)."""
+
+  record: Collective
+
+
 @dataclasses.dataclass
 class Dot:
   """One dot_general: FLOPs per execution, globally and on one device."""
@@ -313,6 +321,7 @@ class _Walker:
     self.dots: list[Dot] = []
     self.traffic: list[Traffic] = []
     self._fusions: dict = {}
+    self._summed: set = set()  # ids of records reassociation made of two
 
   def _traffic(self, jaxpr, i: int, ctx) -> None:
     """The HBM traffic of equation i of `jaxpr`, if it makes a buffer."""
@@ -347,10 +356,16 @@ class _Walker:
     return c
 
   # -- the walk ------------------------------------------------------------
-  def walk(self, jaxpr, data_in, ctx, pending_in=None, carry_out=0):
-    """Returns (data flags of outvars, pending partial-sum records of outvars)."""
+  def walk(self, jaxpr, data_in, ctx, pending_in=None, carry_out=0,
+           carry_in=()):
+    """Returns (data flags of outvars, pending partial-sum records of
+    outvars). `carry_in`: a scan body's carried inputs, in order: a partial
+    sum added into one of them and carried out at its place is an
+    accumulation (`_moved_out`)."""
     data: dict[Any, bool] = {}
     pending: dict[Any, list] = {}
+    accumulated: dict[Any, tuple[int, list]] = {}  # carry out -> (index, recs)
+    carried = {v: j for j, v in enumerate(carry_in)}
     for v, d in zip(jaxpr.invars, data_in):
       data[v] = d
     for v, p in zip(jaxpr.invars, pending_in or ()):
@@ -394,7 +409,10 @@ class _Walker:
           if turned == flags[nc:nc + ncarry]:
             break
           flags[nc:nc + ncarry] = turned
-        outs, pend = self.walk(body, flags, sctx, carry_out=ncarry)
+        outs, pend = self.walk(body, flags, sctx, carry_out=ncarry,
+                               carry_in=body.invars[nc:nc + ncarry])
+        if self.record:
+          self._moved_out(pend, ncarry, ectx)
         for o, d, p in zip(eqn.outvars, outs, pend):
           data[o] = d
           if p and outs is not None:
@@ -465,9 +483,44 @@ class _Walker:
         merged = self._reassociate(*(pending.get(v, ()) for v in eqn.invars))
         if merged:
           pending[eqn.outvars[0]] = merged
+        acc = [v for v in eqn.invars if v in carried and v not in pending]
+        summand = [pending.get(v) for v in eqn.invars if v not in acc]
+        if len(acc) == 1 and len(summand) == 1 and summand[0]:
+          accumulated[eqn.outvars[0]] = (carried[acc[0]], summand[0])
     outs = [get(v) for v in jaxpr.outvars]
     pend = [pending.get(v) if isvar(v) else None for v in jaxpr.outvars]
+    for j, v in enumerate(jaxpr.outvars[:len(carried)]):
+      if isvar(v) and accumulated.get(v, (None,))[0] == j:
+        pend[j] = [_Accumulated(r) for r in accumulated[v][1]]
     return outs, pend
+
+  def _moved_out(self, pend, ncarry: int, ctx) -> None:
+    """XLA's while-loop all-reduce code motion
+    (while_loop_all_reduce_code_motion.cc): an all-reduce whose result a
+    loop only adds into a carried accumulator runs once, after the loop, on
+    the accumulated partial sums, where one all-reduce is added in; a sum
+    of two that reassociation makes one (`_reassociate`) stays in the
+    loop, as XLA's T5 steps keep the encoder output's gradient, the cross-
+    attention's k and v input gradients summed over Y, in the decoder's
+    backward loop (#245, t5_3b v6e-16 8x2: collectives +0.72%, -4.99%
+    with it moved out). With a 4-chunk loss the output
+    projection's weight gradient, partial over X in each chunk's f32
+    matmul, is reduced once in the step where the traced program reduces
+    it in each of the loss's backward loop's four iterations: llava_mini
+    v5p-8 4x1 (corpus #82) `all-reduce.28 = f32[1024,32064]` in
+    all-reduce-scatter.8, qwen2-0.5b v5p-8 4x1 (#264) `all-reduce.17 =
+    bf16[896,151936]` (XLA narrowed that one to bf16 first, not modelled:
+    the record keeps its f32 bytes, an upper bound), both in the step's
+    entry computation. The all-reduce stays one: no partial sum is pending
+    after the loop for a reshard to make a reduce-scatter of."""
+    for j, recs in enumerate(pend[:ncarry]):
+      if not recs or not all(isinstance(r, _Accumulated) for r in recs):
+        continue
+      for acc in recs:
+        if (acc.record.kind == "all-reduce"
+            and id(acc.record) not in self._summed):
+          acc.record.count = ctx["mult"]
+      pend[j] = None
 
   def _reassociate(self, a: list, b: list) -> list:
     """XLA's all-reduce and reduce-scatter reassociation
@@ -484,8 +537,10 @@ class _Walker:
                                                       rec.count)), None)
       if twin is None:
         merged.append(rec)
-      elif any(c is rec for c in self.collectives):
-        self.collectives = [c for c in self.collectives if c is not rec]
+      else:
+        self._summed.add(id(twin))
+        if any(c is rec for c in self.collectives):
+          self.collectives = [c for c in self.collectives if c is not rec]
     return merged
 
   # -- primitives ----------------------------------------------------------
