@@ -87,3 +87,20 @@ def test_a_chunked_losss_weight_gradient_is_reduced_once_after_its_loop():
   assert [(c.kind, c.axis, c.count) for c in grads] == [("all-reduce", "X", 1)]
   cfg = PRESETS["tiny"]
   assert grads[0].bytes_per_device == cfg.d_model * cfg.vocab_size * 4
+
+
+def test_t5s_relative_bias_gradient_is_reduced_once_after_its_stack():
+  """The relative position bias map, shared by a stack's layers: its
+  gradient, summed over the batch (partial over X) and broadcast back to
+  its [heads, 1, q, k] carry in each layer's backward, is all-reduced once
+  after the loop (corpus #74: XLA's all-reduce.70 in the step holds
+  f32[6,1,1024,1024], not one per layer)."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  settings = TrainSettings(batch=4, seq=64, remat="full", shard="zero3",
+                           attention="materialized")
+  cfg = PRESETS["tiny_t5"]
+  read = program.read_traced(trace_probe(cfg, settings, abstract_mesh(plan)))
+  bias = [(c.source, c.count, c.shape) for c in read.collectives
+          if c.kind == "all-reduce" and c.source.endswith("/attn")]
+  assert sorted(bias) == [("decoder/attn", 1, (cfg.n_heads, 1, 64, 64)),
+                          ("encoder/attn", 1, (cfg.n_heads, 1, 64, 64))]

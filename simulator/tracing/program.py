@@ -475,7 +475,8 @@ class _Walker:
         self._dot(eqn, ectx, source, in_data, out_critical, pending, gathered)
       elif name in _REDUCE:
         self._reduce(eqn, ectx, source, any_data, out_critical, pending)
-      elif name in _UNARY and eqn.invars and isvar(eqn.invars[0]):
+      elif (name in _UNARY or _bitcast_broadcast(eqn)) and eqn.invars and isvar(
+          eqn.invars[0]):
         p = pending.get(eqn.invars[0])
         if p:
           pending[eqn.outvars[0]] = p
@@ -653,6 +654,8 @@ class _Walker:
           recs.append(r)
     if recs:
       pending[out] = recs
+    elif eqn.primitive.name == "reduce_sum" and x in pending:
+      pending[out] = pending[x]  # a sum over dims no axis splits: linear
 
   def _manual(self, eqn, ctx, source, data, critical):
     name = eqn.primitive.name
@@ -688,6 +691,16 @@ class _Walker:
     for a in axes:
       self._emit(ctx, kinds[name], a, shape, ((),) * len(shape),
                  aval.dtype, source, data, critical, nbytes=nbytes)
+
+
+def _bitcast_broadcast(eqn) -> bool:
+  """A broadcast that only adds dims of size 1 (a bitcast in the HLO): a
+  partial sum stays one through it (T5's relative position bias gradient,
+  summed over the batch and broadcast back to its [heads, 1, q, k] carry,
+  corpus #74)."""
+  return (eqn.primitive.name == "broadcast_in_dim"
+          and math.prod(eqn.invars[0].aval.shape)
+          == math.prod(eqn.outvars[0].aval.shape))
 
 
 def _hbm_bytes(operands) -> tuple[int, int]:
