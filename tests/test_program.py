@@ -104,3 +104,21 @@ def test_t5s_relative_bias_gradient_is_reduced_once_after_its_stack():
           if c.kind == "all-reduce" and c.source.endswith("/attn")]
   assert sorted(bias) == [("decoder/attn", 1, (cfg.n_heads, 1, 64, 64)),
                           ("encoder/attn", 1, (cfg.n_heads, 1, 64, 64))]
+
+
+def test_a_tied_table_is_gathered_once_in_a_scope_and_an_inlined_loop():
+  """XLA's CSE in one computation: the tied embedding table, cast to bf16
+  and gathered over X for the lookup and for the output projection, is one
+  all-gather (corpus #0), and the second micro-batch of --grad_accum=2,
+  whose one-trip loop XLA inlines, gathers it no more (#169)."""
+  import dataclasses
+  cfg = dataclasses.replace(PRESETS["tiny"], tie_embeddings=True)
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  for accum in (1, 2):
+    settings = TrainSettings(batch=8, seq=64, remat="full", shard="zero3",
+                             grad_accum=accum)
+    read = program.read_traced(trace_probe(cfg, settings,
+                                           abstract_mesh(plan)))
+    table = [c for c in read.collectives if c.kind == "all-gather"
+             and c.shape == (cfg.vocab_size, cfg.d_model)]
+    assert [(c.axis, c.count) for c in table] == [("X", 1)], accum

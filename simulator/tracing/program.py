@@ -12,7 +12,9 @@ One walk over the traced program (simulator.tracing.trace) under the Explicit X/
   sums: a reduce-scatter when the output is sharded over that axis, else an
   all-reduce. An axis sharding an operand dim that the output (or the other operand's
   use of the axis) cannot keep is an all-gather of that operand. A value gathered
-  twice over the same axis in one scope is gathered once (XLA CSE).
+  twice over the same axis in one scope is gathered once (XLA CSE); a scope is
+  one HLO computation as XLA makes it: calls inlined, a loop of one trip
+  inlined, a cast of one value to one dtype made once (`_Walker._key`).
 - reductions (`reduce_sum`, `reduce_max`, ...) over a sharded dim: all-reduce.
 - explicit collectives inside shard_map (psum, all_gather, ...): as written.
 
@@ -322,6 +324,7 @@ class _Walker:
     self.traffic: list[Traffic] = []
     self._fusions: dict = {}
     self._summed: set = set()  # ids of records reassociation made of two
+    self._keys: dict = {}  # var -> the value XLA's CSE makes it (`_key`)
 
   def _traffic(self, jaxpr, i: int, ctx) -> None:
     """The HBM traffic of equation i of `jaxpr`, if it makes a buffer."""
@@ -356,8 +359,26 @@ class _Walker:
     return c
 
   # -- the walk ------------------------------------------------------------
+  def _key(self, v):
+    """What `v` is after XLA inlines calls and CSEs identical casts: the
+    outer value a call's or an inlined loop's input stands for, a cast's
+    (dtype, operand), or `v` itself. Gathers are made once per key and axis
+    in one scope: the tied embedding table, cast to bf16 and gathered over X
+    for the lookup and again for the output projection (gpt2 v5p-8 4x1,
+    corpus #0: one 77 MB all-gather of it in the HLO, two in the program,
+    +9.40%), and gathered again by the second micro-batch under
+    --grad_accum=2, whose one-trip loop XLA inlines (#169: one where the
+    program has four)."""
+    return self._keys.get(v, v)
+
+  def _bind(self, inner, outer) -> None:
+    """`inner` invars stand for the `outer` values (an inlined call)."""
+    for i, o in zip(inner, outer):
+      if not isinstance(o, jcore.Literal):
+        self._keys[i] = self._key(o)
+
   def walk(self, jaxpr, data_in, ctx, pending_in=None, carry_out=0,
-           carry_in=()):
+           carry_in=(), gathered=None):
     """Returns (data flags of outvars, pending partial-sum records of
     outvars). `carry_in`: a scan body's carried inputs, in order: a partial
     sum added into one of them and carried out at its place is an
@@ -375,7 +396,7 @@ class _Walker:
     get = lambda v: data.get(v, False) if isvar(v) else False
 
     critical = _critical(jaxpr, carry_out) if self.record else set()
-    gathered: set = set()
+    gathered = set() if gathered is None else gathered  # this scope's gathers
     where: dict = {}  # name stack -> _where: the equations share a few
     for index, eqn in enumerate(jaxpr.eqns):
       name = eqn.primitive.name
@@ -409,8 +430,12 @@ class _Walker:
           if turned == flags[nc:nc + ncarry]:
             break
           flags[nc:nc + ncarry] = turned
+        inlined = length == 1  # XLA inlines a loop of one trip
+        if inlined:
+          self._bind(body.invars[:nc + ncarry], eqn.invars[:nc + ncarry])
         outs, pend = self.walk(body, flags, sctx, carry_out=ncarry,
-                               carry_in=body.invars[nc:nc + ncarry])
+                               carry_in=body.invars[nc:nc + ncarry],
+                               gathered=gathered if inlined else None)
         if self.record:
           self._moved_out(pend, ncarry, ectx)
         for o, d, p in zip(eqn.outvars, outs, pend):
@@ -446,8 +471,12 @@ class _Walker:
                                           for a in manual)
         if len(sub.invars) == len(eqn.invars):
           pin = [pending.get(v) if isvar(v) else None for v in eqn.invars]
+          barred = eqn.params.get("prevent_cse")  # jax.checkpoint's barrier
+          if not barred:
+            self._bind(sub.invars, eqn.invars)
           outs, pend = self.walk(sub, in_data, sctx, pending_in=pin,
-                                 carry_out=len(sub.outvars) if out_critical else 0)
+                                 carry_out=len(sub.outvars) if out_critical else 0,
+                                 gathered=None if barred else gathered)
           for o, d, p in zip(eqn.outvars, outs, pend):
             data[o] = d
             if p:
@@ -477,6 +506,9 @@ class _Walker:
         self._reduce(eqn, ectx, source, any_data, out_critical, pending)
       elif (name in _UNARY or _bitcast_broadcast(eqn)) and eqn.invars and isvar(
           eqn.invars[0]):
+        if name == "convert_element_type":
+          self._keys[eqn.outvars[0]] = (name, str(eqn.outvars[0].aval.dtype),
+                                        self._key(eqn.invars[0]))
         p = pending.get(eqn.invars[0])
         if p:
           pending[eqn.outvars[0]] = p
@@ -564,9 +596,9 @@ class _Walker:
       if sd and not dd:
         for i in sd:
           cur[i].remove(a)
-        if (id(x), a) in gathered:
+        if (self._key(x), a) in gathered:
           continue
-        gathered.add((id(x), a))
+        gathered.add((self._key(x), a))
         self._emit(ctx, "all-gather", a, shape, tuple(map(tuple, cur)), dtype,
                    source, data, critical)
       elif dd and not sd:
@@ -616,9 +648,9 @@ class _Walker:
         for x in cur:
           if a in x:
             x.remove(a)
-        if (id(var), a) in gathered:
+        if (self._key(var), a) in gathered:
           continue
-        gathered.add((id(var), a))
+        gathered.add((self._key(var), a))
         self._emit(ctx, "all-gather", a, shape, tuple(map(tuple, cur)),
                    var.aval.dtype, source, d, True)
     recs = []
