@@ -122,3 +122,19 @@ def test_a_tied_table_is_gathered_once_in_a_scope_and_an_inlined_loop():
     table = [c for c in read.collectives if c.kind == "all-gather"
              and c.shape == (cfg.vocab_size, cfg.d_model)]
     assert [(c.axis, c.count) for c in table] == [("X", 1)], accum
+
+
+def test_qloras_index_lookup_splits_back_without_a_gather():
+  """The NF4 lookup gathers its int32 indices whole over Y, looks them up
+  and splits the levels over Y again: XLA runs that on each device's own
+  part (corpus #218: no such all-gather in its HLO), so the walk emits no
+  all-gather of an int32 index array."""
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  settings = TrainSettings(batch=4, seq=64, remat="full", shard="zero3",
+                           lora_rank=4, base_quant="nf4")
+  import dataclasses
+  cfg = dataclasses.replace(PRESETS["tiny"], d_model=128, head_dim=64,
+                            d_ff=256)  # whole NF4 blocks on every device
+  read = program.read_traced(trace_probe(cfg, settings, abstract_mesh(plan)))
+  gathers = [c for c in read.collectives if c.kind == "all-gather"]
+  assert gathers and not [c for c in gathers if c.dtype == "int32"]

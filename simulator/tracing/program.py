@@ -38,6 +38,7 @@ from models import scopes
 from models.scopes import scopes_of
 from simulator.tracing import loops, mesh_class
 from simulator.tracing.batch_probe import carries_batch, matmul_kind
+from simulator.tracing.trace import fusible
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
           "reduce_precision", "squeeze", "expand_dims", "reshape", "neg",
@@ -397,6 +398,7 @@ class _Walker:
 
     critical = _critical(jaxpr, carry_out) if self.record else set()
     gathered = set() if gathered is None else gathered  # this scope's gathers
+    readers = None  # var -> the equations reading it, made when first asked
     where: dict = {}  # name stack -> _where: the equations share a few
     for index, eqn in enumerate(jaxpr.eqns):
       name = eqn.primitive.name
@@ -498,8 +500,10 @@ class _Walker:
         self._manual(eqn, ectx, source, any_data, out_critical)
         continue
       if name == "reshard":
+        if readers is None:
+          readers = _readers(jaxpr)
         self._reshard(eqn, ectx, source, any_data, out_critical, pending,
-                      gathered)
+                      gathered, readers)
       elif name == "dot_general":
         self._dot(eqn, ectx, source, in_data, out_critical, pending, gathered)
       elif name in _REDUCE:
@@ -577,7 +581,8 @@ class _Walker:
     return merged
 
   # -- primitives ----------------------------------------------------------
-  def _reshard(self, eqn, ctx, source, data, critical, pending, gathered):
+  def _reshard(self, eqn, ctx, source, data, critical, pending, gathered,
+               readers):
     x, = eqn.invars
     out, = eqn.outvars
     shape, dtype = x.aval.shape, x.aval.dtype
@@ -596,7 +601,7 @@ class _Walker:
       if sd and not dd:
         for i in sd:
           cur[i].remove(a)
-        if (self._key(x), a) in gathered:
+        if (self._key(x), a) in gathered or _round_trip(out, a, sd, readers):
           continue
         gathered.add((self._key(x), a))
         self._emit(ctx, "all-gather", a, shape, tuple(map(tuple, cur)), dtype,
@@ -723,6 +728,57 @@ class _Walker:
     for a in axes:
       self._emit(ctx, kinds[name], a, shape, ((),) * len(shape),
                  aval.dtype, source, data, critical, nbytes=nbytes)
+
+
+def _readers(jaxpr) -> dict:
+  """{var: the equations of `jaxpr` that read it; None for an output}."""
+  out: dict = {}
+  for e in jaxpr.eqns:
+    for v in e.invars:
+      if not isinstance(v, jcore.Literal):
+        out.setdefault(v, []).append(e)
+  for v in jaxpr.outvars:
+    if not isinstance(v, jcore.Literal):
+      out.setdefault(v, []).append(None)
+  return out
+
+
+def _round_trip(v, axis: str, dims: set, readers: dict) -> bool:
+  """Whether `v`, gathered over `axis` off `dims`, is only read by ops that
+  keep those dims element for element (elementwise ops, broadcasts that add
+  dims of size 1, a gather that takes `v` as its indices) into reshards
+  that split the same dims over `axis` again: XLA's partitioner runs such
+  a chain on each device's own part, with no all-gather. QLoRA's NF4
+  lookup, `table.at[idx].get(out_sharding=...)`, gathers the int32 indices
+  whole, looks them up and splits the result again: llama2_7b v5e-32 16x2
+  nf4 (corpus #218) has no all-gather over Y but the activations' in its
+  HLO, where the program gathers every layer's indices (25.9 GiB a step)."""
+  todo, seen = [v], set()
+  while todo:
+    u = todo.pop()
+    if u in seen:
+      continue
+    seen.add(u)
+    for e in readers.get(u, ()):
+      if e is None:  # leaves the jaxpr whole
+        return False
+      name = e.primitive.name
+      out = e.outvars[0]
+      if name == "reshard":
+        spec = _spec(out.aval, len(out.aval.shape))
+        if not all(axis in spec[d] for d in dims if d < len(spec)):
+          return False
+        continue
+      keeps = ((fusible(e) and len(e.outvars) == 1
+                and out.aval.shape == u.aval.shape)
+               or _bitcast_broadcast(e)
+               or (name == "gather" and e.invars[1] is u
+                   and not e.params["dimension_numbers"].offset_dims
+                   and out.aval.shape == u.aval.shape[:-1]))
+      if not keeps:
+        return False
+      todo.append(out)
+  return True
 
 
 def _bitcast_broadcast(eqn) -> bool:
