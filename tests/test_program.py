@@ -122,6 +122,12 @@ def test_a_tied_table_is_gathered_once_in_a_scope_and_an_inlined_loop():
     table = [c for c in read.collectives if c.kind == "all-gather"
              and c.shape == (cfg.vocab_size, cfg.d_model)]
     assert [(c.axis, c.count) for c in table] == [("X", 1)], accum
+  # XLA:GPU gathers it for each use (GPU corpus #0, exact this way).
+  gpu = program.read_traced(trace_probe(cfg, TrainSettings(
+      batch=8, seq=64, remat="full", shard="zero3"), abstract_mesh(plan)),
+                            gpu=True)
+  assert [c.count for c in gpu.collectives if c.kind == "all-gather"
+          and c.shape == (cfg.vocab_size, cfg.d_model)] == [1, 1]
 
 
 def test_qloras_index_lookup_splits_back_without_a_gather():
@@ -138,3 +144,7 @@ def test_qloras_index_lookup_splits_back_without_a_gather():
   read = program.read_traced(trace_probe(cfg, settings, abstract_mesh(plan)))
   gathers = [c for c in read.collectives if c.kind == "all-gather"]
   assert gathers and not [c for c in gathers if c.dtype == "int32"]
+  gpu = program.read_traced(trace_probe(cfg, settings, abstract_mesh(plan)),
+                            gpu=True)  # XLA:GPU gathers them (GPU #151)
+  assert [c for c in gpu.collectives if c.kind == "all-gather"
+          and c.dtype == "int32"]

@@ -50,11 +50,11 @@ RINGS = ("book", "exact")
 def collectives(traced, plan: MeshPlan | None = None) -> list[Collective]:
   """Every collective the traced step's shardings imply (see simulator.tracing.program).
 
-  plan is accepted for symmetry with the timing functions; the mesh sizes are read
-  from the program itself.
+  The mesh sizes are read from the program itself; `plan` says whether XLA:GPU
+  compiles it (a GPU chip).
   """
-  del plan
-  return read_traced(traced).collectives
+  return read_traced(traced, gpu=plan is not None
+                     and plan.topology.chip.kind == "gpu").collectives
 
 
 def axis_bandwidth(plan: MeshPlan, axis: str, link_bandwidth: float,

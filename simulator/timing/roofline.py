@@ -276,8 +276,8 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   share = (settings.microbatches / iterations(settings.pp,
                                               settings.microbatches)
            if settings.pp > 1 else 1.0)
-  return fit(read_traced(traced), batch * settings.seq, plan, settings.seq,
-             fraction, share)
+  return fit(read_traced(traced, gpu=plan.topology.chip.kind == "gpu"),
+             batch * settings.seq, plan, settings.seq, fraction, share)
 
 
 def _layer_times(model: MeshModel, tokens: float, hw: Hardware, phases,

@@ -315,11 +315,14 @@ def _where(ctx: dict, name_stack) -> tuple[dict, str]:
 
 class _Walker:
 
-  def __init__(self, sizes, record: bool = True):
+  def __init__(self, sizes, record: bool = True, gpu: bool = False):
     """record=False: only which values depend on the data (a loop's carry
-    fixpoint needs no collectives, matmuls or traffic)."""
+    fixpoint needs no collectives, matmuls or traffic). gpu: XLA:GPU's
+    program, whose gathers are made once per value only within one jaxpr
+    (`_key`) and are all made (`_round_trip`)."""
     self.sizes = {a: s for a, s in sizes.items()}
     self.record = record
+    self.cse = not gpu
     self.collectives: list[Collective] = []
     self.dots: list[Dot] = []
     self.traffic: list[Traffic] = []
@@ -369,13 +372,15 @@ class _Walker:
     corpus #0: one 77 MB all-gather of it in the HLO, two in the program,
     +9.40%), and gathered again by the second micro-batch under
     --grad_accum=2, whose one-trip loop XLA inlines (#169: one where the
-    program has four)."""
+    program has four). Not on a GPU, whose HLO gathers that table twice
+    (GPU corpus: gpt2 h100:8 8x1, #0, exact without this, -8.58% with it;
+    a one-trip loop's gathers again in #70, -12.96%): there `v` itself."""
     return self._keys.get(v, v)
 
   def _bind(self, inner, outer) -> None:
     """`inner` invars stand for the `outer` values (an inlined call)."""
     for i, o in zip(inner, outer):
-      if not isinstance(o, jcore.Literal):
+      if self.cse and not isinstance(o, jcore.Literal):
         self._keys[i] = self._key(o)
 
   def walk(self, jaxpr, data_in, ctx, pending_in=None, carry_out=0,
@@ -423,7 +428,7 @@ class _Walker:
         flags = list(in_data)
         # carry fixpoint on data dependence (two passes at most; one that
         # turns no flag on ends it), then the real walk
-        probe = _Walker(self.sizes, record=False)
+        probe = _Walker(self.sizes, record=False, gpu=not self.cse)
         for _ in range(2):
           if all(flags[nc:nc + ncarry]):
             break
@@ -437,7 +442,8 @@ class _Walker:
           self._bind(body.invars[:nc + ncarry], eqn.invars[:nc + ncarry])
         outs, pend = self.walk(body, flags, sctx, carry_out=ncarry,
                                carry_in=body.invars[nc:nc + ncarry],
-                               gathered=gathered if inlined else None)
+                               gathered=gathered if inlined and self.cse
+                               else None)
         if self.record:
           self._moved_out(pend, ncarry, ectx)
         for o, d, p in zip(eqn.outvars, outs, pend):
@@ -473,7 +479,8 @@ class _Walker:
                                           for a in manual)
         if len(sub.invars) == len(eqn.invars):
           pin = [pending.get(v) if isvar(v) else None for v in eqn.invars]
-          barred = eqn.params.get("prevent_cse")  # jax.checkpoint's barrier
+          barred = (eqn.params.get("prevent_cse")  # jax.checkpoint's barrier
+                    or not self.cse)
           if not barred:
             self._bind(sub.invars, eqn.invars)
           outs, pend = self.walk(sub, in_data, sctx, pending_in=pin,
@@ -510,7 +517,7 @@ class _Walker:
         self._reduce(eqn, ectx, source, any_data, out_critical, pending)
       elif (name in _UNARY or _bitcast_broadcast(eqn)) and eqn.invars and isvar(
           eqn.invars[0]):
-        if name == "convert_element_type":
+        if name == "convert_element_type" and self.cse:
           self._keys[eqn.outvars[0]] = (name, str(eqn.outvars[0].aval.dtype),
                                         self._key(eqn.invars[0]))
         p = pending.get(eqn.invars[0])
@@ -601,7 +608,8 @@ class _Walker:
       if sd and not dd:
         for i in sd:
           cur[i].remove(a)
-        if (self._key(x), a) in gathered or _round_trip(out, a, sd, readers):
+        if (self._key(x), a) in gathered or (self.cse and _round_trip(
+            out, a, sd, readers)):
           continue
         gathered.add((self._key(x), a))
         self._emit(ctx, "all-gather", a, shape, tuple(map(tuple, cur)), dtype,
@@ -752,7 +760,9 @@ def _round_trip(v, axis: str, dims: set, readers: dict) -> bool:
   lookup, `table.at[idx].get(out_sharding=...)`, gathers the int32 indices
   whole, looks them up and splits the result again: llama2_7b v5e-32 16x2
   nf4 (corpus #218) has no all-gather over Y but the activations' in its
-  HLO, where the program gathers every layer's indices (25.9 GiB a step)."""
+  HLO, where the program gathers every layer's indices (48.3 GiB a step).
+  On a TPU: XLA:GPU gathers at least part of them (GPU corpus #151,
+  llama2_7b h100:2x8 8x2 QLoRA: +3.68% with them, -3.66% without)."""
   todo, seen = [v], set()
   while todo:
     u = todo.pop()
@@ -808,19 +818,22 @@ _NO_TRAFFIC = {"dot_general", "reshard", "psum", "psum_invariant",
                "psum_scatter", "all_to_all", "ppermute"}
 
 
-def read_program(closed_jaxpr, data_invars: int) -> Program:
-  """Walk `closed_jaxpr`; its last `data_invars` inputs are the batch (data)."""
+def read_program(closed_jaxpr, data_invars: int, gpu: bool = False
+                 ) -> Program:
+  """Walk `closed_jaxpr`; its last `data_invars` inputs are the batch (data);
+  `gpu`: as XLA:GPU compiles it (`_Walker`)."""
   sizes = _mesh_sizes(closed_jaxpr)
   jaxpr = closed_jaxpr.jaxpr
   n = len(jaxpr.invars)
   flags = [i >= n - data_invars for i in range(n)]
-  walker = _Walker(sizes)
+  walker = _Walker(sizes, gpu=gpu)
   ctx = dict(mult=1, layer=None, phase="optimizer", depth=0, prefix="")
   walker.walk(jaxpr, flags, ctx)
   return Program(walker.collectives, walker.dots, sizes, walker.traffic)
 
 
-def read_traced(traced) -> Program:
-  """The Program of a simulator.tracing.trace.Traced step."""
+def read_traced(traced, gpu: bool = False) -> Program:
+  """The Program of a simulator.tracing.trace.Traced step (`gpu`: as
+  XLA:GPU compiles it)."""
   n_data = len(jax.tree.leaves(traced.step.batch))
-  return read_program(traced.jaxpr, n_data)
+  return read_program(traced.jaxpr, n_data, gpu)

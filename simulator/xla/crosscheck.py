@@ -32,7 +32,8 @@ def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
   plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp)
   estimate = memory.memory_report(
       cfg, dataclasses.replace(settings, schedule="gpipe"), plan)
-  return estimate, read_traced(trace(cfg, settings, abstract_mesh(plan)))
+  return estimate, read_traced(trace(cfg, settings, abstract_mesh(plan)),
+                               gpu=plan.topology.chip.kind == "gpu")
 
 
 def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
