@@ -761,8 +761,8 @@ def _round_trip(v, axis: str, dims: set, readers: dict) -> bool:
   whole, looks them up and splits the result again: llama2_7b v5e-32 16x2
   nf4 (corpus #218) has no all-gather over Y but the activations' in its
   HLO, where the program gathers every layer's indices (48.3 GiB a step).
-  On a TPU: XLA:GPU gathers at least part of them (GPU corpus #151,
-  llama2_7b h100:2x8 8x2 QLoRA: +3.68% with them, -3.66% without)."""
+  Asked on TPUs only: XLA:GPU gathers at least part of them (GPU corpus
+  #151, llama2_7b h100:2x8 8x2 QLoRA: +3.68% with them, -3.66% without)."""
   todo, seen = [v], set()
   while todo:
     u = todo.pop()

@@ -86,9 +86,7 @@ _OP_KIND = re.compile(r"^(" + "|".join(KINDS) + r")(-start)?$")
 # MegaScale's host-side collectives (see the module docstring).
 _MEGASCALE = re.compile(r'custom_call_target="MegaScaleCollective(Input|Output)'
                         r'Start".*?_xla_host_transfer_rendezvous="([^"]+)"')
-_MEGASCALE_KINDS = {"ALL_GATHER": "all-gather", "ALL_REDUCE": "all-reduce",
-                    "REDUCE_SCATTER": "reduce-scatter",
-                    "ALL_TO_ALL": "all-to-all"}
+_MEGASCALE_KINDS = {"ALL_GATHER": "all-gather"}  # the one type seen (#70)
 MEGASCALE_ID_OFFSET = 100000  # _xla_megascale_target's device ids (#70)
 
 
@@ -178,11 +176,12 @@ def _multipliers(text: str, comps: dict[str, list[str]]) -> tuple[dict[str, int]
       for key in ("calls", "to_apply", "true_computation", "false_computation"):
         for callee in re.findall(key + r"=%?([\w.\-]+)", line):
           calls[name].append((callee, 1))
+      # called_computations: what a HostExecute custom-call runs on the host
       for key in ("branch_computations", "called_computations"):
-        listed = re.search(key + r"=\{([^}]*)\}", line)  # called_computations:
-        for callee in re.findall(r"%?([\w.\-]+)", listed.group(1)  # HostExecute
-                                 if listed else ""):
-          calls[name].append((callee, 1))
+        listed = re.search(key + r"=\{([^}]*)\}", line)
+        if listed:
+          for callee in re.findall(r"%?([\w.\-]+)", listed.group(1)):
+            calls[name].append((callee, 1))
   entry = _entry_name(text)
   mult: dict[str, int] = collections.defaultdict(int)
   if entry is None:
