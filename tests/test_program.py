@@ -2,6 +2,8 @@
 carry fixpoint), and the data-only walk the fixpoint runs, which must find
 what the full walk finds."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -111,7 +113,6 @@ def test_a_tied_table_is_gathered_once_in_a_scope_and_an_inlined_loop():
   and gathered over X for the lookup and for the output projection, is one
   all-gather (corpus #0), and the second micro-batch of --grad_accum=2,
   whose one-trip loop XLA inlines, gathers it no more (#169)."""
-  import dataclasses
   cfg = dataclasses.replace(PRESETS["tiny"], tie_embeddings=True)
   plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
   for accum in (1, 2):
@@ -138,7 +139,6 @@ def test_qloras_index_lookup_splits_back_without_a_gather():
   plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
   settings = TrainSettings(batch=4, seq=64, remat="full", shard="zero3",
                            lora_rank=4, base_quant="nf4")
-  import dataclasses
   cfg = dataclasses.replace(PRESETS["tiny"], d_model=128, head_dim=64,
                             d_ff=256)  # whole NF4 blocks on every device
   read = program.read_traced(trace_probe(cfg, settings, abstract_mesh(plan)))
