@@ -67,6 +67,12 @@ def define_train_flags() -> None:
   define_finetune_flags()
   define_vision_flags()
   define_pipeline_flags()
+  flags.DEFINE_integer("dp", 1, "data-parallel replicas on a mesh axis D "
+                       "outermost (D x X x Y = chips; --mesh gives X x Y): "
+                       "the batch split over D x X, the weights and "
+                       "optimizer state sharded over X alone (hybrid "
+                       "sharding; MaxText's dcn_data_parallelism across "
+                       "slices)")
 
 
 def define_hbm_fraction_flag() -> None:
@@ -253,6 +259,10 @@ def _set(values: dict, mapping, ignored, source: str, explicit_wins: bool
   for name, value in values.items():
     flag = name if name in f else _PLURAL.get(name)
     if flag not in f:
+      if name == "dp" and value != "1":  # the plan would change silently
+        raise ValueError(f"--{source} sets dp={value} (data-parallel "
+                         "replicas), which this experiment does not take; "
+                         "use compute_bound, memory_report or validate")
       continue
     if f[flag].present:
       if explicit_wins:
@@ -282,7 +292,8 @@ def _apply_maxtext() -> None:
     except OSError as e:
       raise ValueError(f"--maxtext={text}: {e.strerror or e}; give "
                        f"@FILE of key=value overrides") from None
-  run = maxtext_run(text, parse_topology(f.topology).chips)
+  topology = parse_topology(f.topology)
+  run = maxtext_run(text, topology.chips, topology.hosts)
   _set(run.flags, run.mapping, run.unexpressed, "maxtext", False)
 
 
@@ -360,14 +371,15 @@ def model_and_plan():
   f = flags.FLAGS
   cfg = load_model(f.model)
   topology = parse_topology(f.topology)
-  pp = f.pp if "pp" in f else 1
-  if pp <= 0:
-    raise ValueError(f"pp={pp} must be a positive number of stages")
-  if topology.chips % pp:
-    raise ValueError(f"pp={pp} does not divide {topology.name}'s "
-                     f"{topology.chips} chips")
-  x, y = parse_mesh(f.mesh) if f.mesh else (topology.chips // pp, 1)
-  return cfg, plan_mesh(topology, x, y, P=pp)
+  pp, dp = (f[k].value if k in f else 1 for k in ("pp", "dp"))
+  for flag, n, what in (("pp", pp, "stages"), ("dp", dp, "replicas")):
+    if n <= 0:
+      raise ValueError(f"{flag}={n} must be a positive number of {what}")
+    if topology.chips % n:
+      raise ValueError(f"{flag}={n} does not divide {topology.name}'s "
+                       f"{topology.chips} chips")
+  x, y = parse_mesh(f.mesh) if f.mesh else (topology.chips // pp // dp, 1)
+  return cfg, plan_mesh(topology, x, y, P=pp, D=dp)
 
 
 def settings_line(name: str, settings: S.TrainSettings, cfg=None) -> str:

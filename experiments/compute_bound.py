@@ -19,7 +19,7 @@ from absl import flags
 
 from experiments import cli
 from models.registry import load_model
-from meshes.layout import parse_mesh, plan_mesh
+from meshes.layout import mesh_name, parse_mesh, plan_mesh
 from meshes.topology import parse_topology
 from simulator.timing import roofline as R
 
@@ -54,8 +54,12 @@ def main(argv):
   topo = parse_topology(f.topology)
   settings = cli.train_settings()
   chosen = parse_mesh(f.mesh) if f.mesh else None
+  dp = f.dp
+  if dp <= 0 or topo.chips % dp:
+    raise ValueError(f"dp={dp} must be a positive divisor of "
+                     f"{topo.name}'s {topo.chips} chips")
   if chosen:
-    plan_mesh(topo, *chosen, f.m_x, f.m_y)  # validates
+    plan_mesh(topo, *chosen, f.m_x, f.m_y, D=dp)  # validates
   wrap = {"auto": None, "yes": True, "no": False}[f.wraparound]
   hw_kw = dict(flops_per_chip=f.flops_per_chip,
                link_bandwidth=f.ici_link_bandwidth, ring=f.ring, wraparound=wrap)
@@ -63,7 +67,7 @@ def main(argv):
   if tokens <= 0:
     raise ValueError(f"tokens={tokens} must be positive")
   rows = R.search_meshes(cfg, settings, topo, f.m_x, f.m_y, hardware_kw=hw_kw,
-                         pass_=pass_, tokens=tokens)
+                         pass_=pass_, tokens=tokens, D=dp)
   ok = [r for r in rows if r.estimate]
   if not ok:
     raise ValueError(f"no mesh of {topo.describe()} can shard {cfg.name}: "
@@ -95,7 +99,8 @@ def main(argv):
                  hfu=e.hfu)
     meshes.append(row)
   out = dict(
-      model=cfg.name, topology=topo.describe(), chips=topo.chips, **{"pass": pass_},
+      model=cfg.name, topology=topo.describe(), chips=topo.chips, dp=dp,
+      **{"pass": pass_},
       flops_per_chip=hw.flops_per_chip, ici_link_bandwidth=hw.link_bandwidth,
       w_ici_wrapped=2 * hw.link_bandwidth, ring=f.ring, tokens=tokens,
       meshes=meshes,
@@ -111,7 +116,7 @@ def main(argv):
                         bytes_per_device=t.b0 + t.b1 * tokens,
                         overlappable=t.overlappable)
                    for t in base.model.terms if t.phase in R.PASSES[pass_]],
-      collectives_mesh=f"{base.plan.X}x{base.plan.Y}")
+      collectives_mesh=mesh_name(base.plan.X, base.plan.Y, D=dp))
   if f.format == "json":
     print(json.dumps(out, indent=1))
     return
@@ -121,6 +126,9 @@ def main(argv):
            f"{2 * hw.link_bandwidth:.3g} wrapped), ring={f.ring}")
   if topo.hosts > 1:
     links += f", {topo.network.name} between {topo.network.hosts_word}"
+  if dp > 1:
+    links += (f", D={dp} data-parallel replicas outermost (X x Y below: "
+              f"each replica's mesh)")
   rates = (f", matmuls timed at the measured {hw.time_flops:.3g} FLOP/s"
            if hw.time_flops != hw.flops_per_chip else "")
   print(f"{cfg.name} on {topo.describe()}, pass={pass_}, C={hw.flops_per_chip:.3g}"

@@ -20,6 +20,7 @@ from absl import flags
 
 from experiments import cli
 from meshes.hardware import GiB
+from meshes.layout import mesh_name
 from simulator import memory
 from simulator.memory.capacity import capacity_bytes, check_hbm_fraction
 
@@ -42,14 +43,15 @@ def main(argv) -> None:
                      "compiles, 0 (off) or more")
   cfg, plan = cli.model_and_plan()
   settings = cli.train_settings()
-  step = plan.X * settings.batch_splits  # whole sequences per micro-batch shard
+  step = plan.data * settings.batch_splits  # a sequence per micro-batch shard
   settings = dataclasses.replace(settings, batch=step)
   estimate = memory.memory_report(cfg, settings, plan)
   usable = capacity_bytes(plan)  # a GPU: JAX's pool (simulator.memory.capacity)
   cap = int(FLAGS.hbm_fraction * usable)
   best = memory.largest_batch(estimate, cap, step)
   where = (f"{FLAGS.hbm_fraction:.0%} of {usable / GiB:.0f}"
-           f" GiB = {cap / GiB:.2f} GiB per device, mesh {plan.X}x{plan.Y}")
+           f" GiB = {cap / GiB:.2f} GiB per device, mesh "
+           f"{mesh_name(plan.X, plan.Y, plan.P, plan.D)}")
   if not best:
     need = estimate.at_batch(step).compiled_comparable_peak
     print(f"nothing fits in {where}: batch {step} needs {need / GiB:.2f} GiB")
@@ -58,7 +60,7 @@ def main(argv) -> None:
   else:
     at = estimate.at_batch(best)
     more = estimate.at_batch(best + step).compiled_comparable_peak
-    print(f"largest batch in {where}: {best} sequences ({best // plan.X} per "
+    print(f"largest batch in {where}: {best} sequences ({best // plan.data} per "
           f"data shard) at {at.compiled_comparable_peak / GiB:.2f} GiB "
           f"({at.per_device_bytes['peak'] / GiB:.2f} with the 10% planning "
           f"overhead); {best + step} would need {more / GiB:.2f} GiB")

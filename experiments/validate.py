@@ -26,6 +26,7 @@ from absl import flags
 
 from experiments import cli
 from meshes.hardware import GiB
+from meshes.layout import mesh_name
 
 FLAGS = flags.FLAGS
 cli.define_model_flags()
@@ -174,7 +175,7 @@ def main(argv):
   topology, x, y = plan.topology, plan.X, plan.Y
   if FLAGS.target == "cpu":
     from simulator.xla.compiled import ensure_cpu_devices
-    ensure_cpu_devices(x * y)
+    ensure_cpu_devices(plan.chips)
   settings = cli.train_settings()
   target = FLAGS.target
   if target == "gpu" and FLAGS.execute_steps:
@@ -194,7 +195,7 @@ def main(argv):
   try:
     result = crosscheck.validate(cfg, settings, FLAGS.topology, x, y,
                                  target, FLAGS.execute_steps,
-                                 dump_dir=FLAGS.dump_dir)
+                                 dump_dir=FLAGS.dump_dir, d=plan.D)
   except Exception as e:  # an out-of-HBM compile is an answer
     oom = crosscheck.hbm_oom(str(e))
     if oom is None and isinstance(e, jax.errors.JaxRuntimeError):
@@ -205,7 +206,8 @@ def main(argv):
     if oom is None:
       raise
     _print_oom(crosscheck.recheck({"config": {
-        "model": FLAGS.model, "topology": FLAGS.topology, "mesh": f"{x}x{y}",
+        "model": FLAGS.model, "topology": FLAGS.topology,
+        "mesh": mesh_name(x, y, D=plan.D),
         **vars_of(settings)}, "oom": {**oom, **crosscheck.refused_at(e)}}))
     return
   if settings.schedule == "1f1b":

@@ -9,8 +9,8 @@ wraparound there: its ring is a line, which roughly doubles ring-collective time
 
 Over several hosts (GPU nodes, TPU slices: `Topology.hosts`) Y stays inside a host
 where it fits (tensor parallelism on NVLink / ICI, as everyone runs it) and X spans
-the hosts: MaxText's `dcn_data_parallelism` = hosts with `ici_tensor_parallelism`
-= Y. A Y larger than a host takes whole hosts (`y_hosts`) and X the rest
+the hosts: MaxText's `dcn_fsdp_parallelism` = hosts with `ici_tensor_parallelism`
+= Y (its `dcn_data_parallelism` is the replicas D, below). A Y larger than a host takes whole hosts (`y_hosts`) and X the rest
 (`x_hosts`); the axes' physical layout inside a host is the single-host one.
 
 Pipeline stages (`P` > 1, --pp) are a third mesh axis, outermost, as MaxText
@@ -18,6 +18,12 @@ lays `stage` first in its mesh and Megatron puts pipeline ranks across nodes:
 P·X is laid out as X alone would be, and P takes its major part (the hosts
 first, then the major physical axes), X the minor part. With P = 1 the mesh
 is the X × Y one, unchanged.
+
+Data-parallel replicas (`D` > 1, --dp) are laid out the same way, outermost:
+the batch is split over D·X, the weights and optimizer state are sharded
+over X alone and replicated over D (hybrid sharding: MaxText's `data` axis,
+outermost in its mesh, which `dcn_data_parallelism` puts across slices).
+A plan has stages or replicas, not both.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from meshes.topology import Topology
 
 AXIS_NAMES = ("X", "Y")
 STAGE_AXIS = "P"  # pipeline stages, only in a mesh with P > 1
+REPLICA_AXIS = "D"  # data-parallel replicas, only in a mesh with D > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,24 +74,49 @@ class MeshPlan:
   y_hosts: int = 1
   P: int = 1  # pipeline stages: the major part of what x_axes span
   stage_hosts: int = 1  # hosts P spans (x_hosts: those X spans, P's minor)
+  D: int = 1  # data-parallel replicas, laid out as P is
+  replica_hosts: int = 1  # hosts D spans
+
+  @property
+  def outer(self) -> tuple[str, int, int] | None:
+    """(name, size, hosts) of the outer axis (stages P or replicas D), or
+    None for an X x Y mesh."""
+    if self.P > 1:
+      return STAGE_AXIS, self.P, self.stage_hosts
+    if self.D > 1:
+      return REPLICA_AXIS, self.D, self.replica_hosts
+    return None
 
   @property
   def axis_names(self) -> tuple[str, ...]:
-    """("X", "Y"), or ("P", "X", "Y") with pipeline stages."""
-    return ((STAGE_AXIS,) if self.P > 1 else ()) + AXIS_NAMES
+    """("X", "Y"), or ("P", "X", "Y") with pipeline stages, ("D", "X", "Y")
+    with data-parallel replicas."""
+    return ((self.outer[0],) if self.outer else ()) + AXIS_NAMES
 
   @property
   def axis_sizes(self) -> tuple[int, ...]:
-    return ((self.P,) if self.P > 1 else ()) + (self.X, self.Y)
+    return ((self.outer[1],) if self.outer else ()) + (self.X, self.Y)
+
+  @property
+  def chips(self) -> int:
+    """Devices in the mesh: P·D·X·Y."""
+    return self.P * self.D * self.X * self.Y
+
+  @property
+  def data(self) -> int:
+    """The data shards the batch is split over: D·X."""
+    return self.D * self.X
 
   def hosts(self, axis: str) -> int:
     """How many hosts mesh axis `axis` spans (1: it stays inside a host)."""
     return {"X": self.x_hosts, "Y": self.y_hosts,
-            STAGE_AXIS: self.stage_hosts}[axis]
+            STAGE_AXIS: self.stage_hosts,
+            REPLICA_AXIS: self.replica_hosts}[axis]
 
   def size(self, axis: str) -> int:
-    """The devices along mesh axis `axis` (X, Y or P)."""
-    return {"X": self.X, "Y": self.Y, STAGE_AXIS: self.P}[axis]
+    """The devices along mesh axis `axis` (X, Y, P or D)."""
+    return {"X": self.X, "Y": self.Y, STAGE_AXIS: self.P,
+            REPLICA_AXIS: self.D}[axis]
 
   def local(self, axis: str) -> int:
     """The devices of mesh axis `axis` inside one host."""
@@ -99,22 +131,24 @@ class MeshPlan:
              f"{self.local(name)}" if hosts > 1 else "")
       return f"{name} spans axes {axes} (M_{name}={m}, {ring}{net})"
     stages = ""
-    if self.P > 1:
-      where = (f"across {self.stage_hosts} "
-               f"{self.topology.network.hosts_word}"
-               if self.stage_hosts > 1 else "the major part of X's physical "
-               "axes")
-      stages = (f"; P={self.P} pipeline stages outermost ({where}), "
-                f"X the rest")
-    return (f"mesh {mesh_name(self.X, self.Y, self.P)} on "
+    if self.outer:
+      name, size, hosts = self.outer
+      where = (f"across {hosts} {self.topology.network.hosts_word}"
+               if hosts > 1 else "the major part of X's physical axes")
+      what = ("pipeline stages" if name == STAGE_AXIS else
+              "data-parallel replicas (weights sharded over X alone)")
+      stages = f"; {name}={size} {what} outermost ({where}), X the rest"
+    return (f"mesh {mesh_name(self.X, self.Y, self.P, self.D)} on "
             f"{self.topology.describe()}: "
             f"{axis('X', self.x_axes, self.M_X, self.wrap_x)}; "
             f"{axis('Y', self.y_axes, self.M_Y, self.wrap_y)}{stages}")
 
 
-def mesh_name(X: int, Y: int, P: int = 1) -> str:
-  """'16x4', or with pipeline stages 'P2x8x4'."""
-  return f"{X}x{Y}" if P == 1 else f"P{P}x{X}x{Y}"
+def mesh_name(X: int, Y: int, P: int = 1, D: int = 1) -> str:
+  """'16x4', with pipeline stages 'P2x8x4', with replicas 'D2x8x4'."""
+  if P > 1:
+    return f"P{P}x{X}x{Y}"
+  return f"{X}x{Y}" if D == 1 else f"D{D}x{X}x{Y}"
 
 
 def factorizations(n: int) -> list[tuple[int, int]]:
@@ -135,22 +169,41 @@ def parse_mesh(text: str) -> tuple[int, int]:
   return x, y
 
 
+def parse_mesh_name(text: str) -> tuple[int, int, int]:
+  """(X, Y, D) from 'XxY' or mesh_name's replicas form 'D2x16x1'."""
+  match = re.fullmatch(r"\s*D(\d+)x(.*)", text)
+  if match is None:
+    return (*parse_mesh(text), 1)
+  d = int(match.group(1))
+  if d <= 0:
+    raise ValueError(f"mesh {text!r} has D={d}; replicas must be positive")
+  return (*parse_mesh(match.group(2)), d)
+
+
 def plan_mesh(topology: Topology, X: int, Y: int, m_x: int | None = None,
-              m_y: int | None = None, P: int = 1) -> MeshPlan:
+              m_y: int | None = None, P: int = 1, D: int = 1) -> MeshPlan:
   """Lays Y, then X, over the physical axes; see the module docstring. With
-  P > 1 stages, P·X is laid out as X and P takes its major part."""
-  if P > 1:
-    if P <= 0 or X <= 0 or Y <= 0 or P * X * Y != topology.chips:
+  P > 1 stages (or D > 1 replicas), P·X is laid out as X and P takes its
+  major part."""
+  if P != 1 and D != 1:
+    raise ValueError(f"pp={P} with dp={D}: a plan has pipeline stages or "
+                     "data-parallel replicas, not both; choose pp=1 or dp=1")
+  for flag, n, what in (("pp", P, "stages"), ("dp", D, "replicas")):
+    if n <= 0:
+      raise ValueError(f"{flag}={n} must be a positive number of {what}")
+    if n > 1 and (X <= 0 or Y <= 0 or n * X * Y != topology.chips):
       raise ValueError(
-          f"pp={P} x mesh {X}x{Y} has {P * X * Y} devices but "
+          f"{flag}={n} x mesh {X}x{Y} has {n * X * Y} devices but "
           f"{topology.name} has {topology.chips} chips; choose X*Y = "
-          f"{topology.chips}/pp")
-    base = plan_mesh(topology, P * X, Y, m_x, m_y)
-    stage_hosts = math.gcd(P, base.x_hosts)
-    return dataclasses.replace(base, X=X, P=P, stage_hosts=stage_hosts,
-                               x_hosts=base.x_hosts // stage_hosts)
-  if P != 1:
-    raise ValueError(f"pp={P} must be a positive number of stages")
+          f"{topology.chips}/{flag}")
+  outer = max(P, D)
+  if outer > 1:
+    base = plan_mesh(topology, outer * X, Y, m_x, m_y)
+    hosts = math.gcd(outer, base.x_hosts)
+    held = ({"P": P, "stage_hosts": hosts} if P > 1 else
+            {"D": D, "replica_hosts": hosts})
+    return dataclasses.replace(base, X=X, x_hosts=base.x_hosts // hosts,
+                               **held)
   if X <= 0 or Y <= 0 or X * Y != topology.chips:
     valid = ", ".join(f"{x}x{y}" for x, y in mesh_shapes(topology))
     raise ValueError(
@@ -247,8 +300,9 @@ def device_mesh(plan: MeshPlan) -> Mesh:
   else:
     for d, host in _tpu_devices(topo):
       grid[(host,) + tuple(d.coords[:len(topo.shape)])] = d
-  px_hosts = plan.x_hosts * plan.stage_hosts  # P·X is laid out as X
-  px_local = plan.P * plan.X // px_hosts
+  _, outer, outer_hosts = plan.outer or ("", 1, 1)
+  px_hosts = plan.x_hosts * outer_hosts  # P·X (D·X) is laid out as X
+  px_local = outer * plan.X // px_hosts
   hosts = [_arrange(grid[h], plan, px_local) for h in range(topo.hosts)]
   full = np.array(hosts, dtype=object).reshape(
       px_hosts, plan.y_hosts, px_local, plan.local("Y"))
@@ -287,19 +341,21 @@ def _arrange(grid: np.ndarray, plan: MeshPlan, x_local: int) -> np.ndarray:
                                                           plan.local("Y"))
 
 
-def cpu_mesh(X: int, Y: int, P: int = 1) -> Mesh:
-  """An X x Y (P x X x Y with stages) mesh of CPU devices, for tests and
-  small real runs."""
-  if X <= 0 or Y <= 0 or P <= 0:
-    raise ValueError(f"cpu mesh {mesh_name(X, Y, P)} needs positive sizes")
-  n = P * X * Y
+def cpu_mesh(X: int, Y: int, P: int = 1, D: int = 1) -> Mesh:
+  """An X x Y (P x X x Y with stages, D x X x Y with replicas) mesh of CPU
+  devices, for tests and small real runs."""
+  name = mesh_name(X, Y, P, D)
+  if X <= 0 or Y <= 0 or P <= 0 or D <= 0 or (P > 1 and D > 1):
+    raise ValueError(f"cpu mesh {name} needs positive sizes, P or D")
+  n = P * D * X * Y
   devices = jax.devices("cpu")
   if len(devices) < n:
     raise ValueError(
-        f"cpu mesh {mesh_name(X, Y, P)} needs {n} CPU devices but "
+        f"cpu mesh {name} needs {n} CPU devices but "
         f"{len(devices)} exist; call jax.config.update('jax_num_cpu_devices',"
         f" {n}) before JAX initialises its backends")
-  names = ((STAGE_AXIS,) if P > 1 else ()) + AXIS_NAMES
-  sizes = ((P,) if P > 1 else ()) + (X, Y)
+  outer = ((STAGE_AXIS, P),) if P > 1 else ((REPLICA_AXIS, D),) if D > 1 else ()
+  names = tuple(a for a, _ in outer) + AXIS_NAMES
+  sizes = tuple(s for _, s in outer) + (X, Y)
   grid = np.array(devices[:n], dtype=object).reshape(sizes)
   return Mesh(grid, names, axis_types=(AxisType.Explicit,) * len(names))

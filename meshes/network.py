@@ -16,6 +16,10 @@ Figures are one-way bytes/s per device (GPU or chip):
              200Gb/s HDR InfiniBand" for compute: 2.5e10 B/s per GPU
   [v5p]      https://cloud.google.com/tpu/docs/v5p: "Data center network (DCN)
              bandwidth per chip (Gbps) 50" = 6.25e9 B/s per chip
+  [v5e]      https://cloud.google.com/tpu/docs/v5e: "Data center network
+             bandwidth per Pod 6.4 Tbps" over its 256 chips, and "Per-host NIC
+             configuration 2 x 100 Gbps NIC" over a host's 8 chips: both 25
+             Gb/s = 3.125e9 B/s per chip
 Generations without a published per-chip DCN figure here have no multi-slice
 topology.
 """
@@ -39,6 +43,7 @@ NETWORKS: dict[str, Network] = {
     "h200": Network("InfiniBand NDR, 400 Gb/s per GPU", 5e10, "hosts"),  # [dgxh200]
     "a100-80gb": Network("InfiniBand HDR, 200 Gb/s per GPU", 2.5e10, "hosts"),  # [dgxa100]
     "v5p": Network("DCN, 50 Gb/s per chip", 6.25e9, "slices"),  # [v5p]
+    "v5e": Network("DCN, 25 Gb/s per chip", 3.125e9, "slices"),  # [v5e]
 }
 
 

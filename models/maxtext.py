@@ -215,8 +215,40 @@ def custom_remat(o: dict, gated: bool) -> tuple[str, str]:
   return "+".join(parts) or "full", given
 
 
-def maxtext_run(text: str, chips: int) -> MaxTextRun:
-  """The flags for a MaxText run on `chips` chips."""
+def _axes(o: dict, tier: str, defaults: dict, devices: int) -> dict:
+  """MaxText's `tier` (ici: a slice's chips, dcn: the slices) parallelisms,
+  its -1 (at most one) resolved to the rest of `devices`; a ValueError where
+  they do not multiply to them."""
+  axes = {k: _int(o, f"{tier}_{k}_parallelism", d)
+          for k, d in defaults.items()}
+  if any(v == -1 for k, v in axes.items() if f"{tier}_{k}_parallelism" in o):
+    axes = {k: 1 if v == -1 and f"{tier}_{k}_parallelism" not in o else v
+            for k, v in axes.items()}  # a -1 given takes the default's place
+  rest = [k for k, v in axes.items() if v == -1]
+  if len(rest) > 1:
+    raise ValueError(f"MaxText " + " and ".join(
+        f"{tier}_{k}_parallelism=-1" for k in rest) + ": one of them may be "
+        f"-1 (the rest), not more")
+  known = math.prod(v for v in axes.values() if v != -1)
+  if rest:
+    axes[rest[0]] = devices // known if known and devices % known == 0 else 0
+  if math.prod(axes.values()) != devices:
+    given = " x ".join(f"{tier}_{k}_parallelism={v}" for k, v in axes.items()
+                       if v != 1)
+    what = "chips" if tier == "ici" else "slices"
+    raise ValueError(f"MaxText {given or f'{tier} parallelism 1'} is not "
+                     f"{devices} {what}" + (" (a slice's)" if tier == "ici"
+                                             else ""))
+  return axes
+
+
+def maxtext_run(text: str, chips: int, slices: int = 1) -> MaxTextRun:
+  """The flags for a MaxText run on `chips` chips in `slices` slices (TPU
+  multi-slice; GPU nodes): the ici_* parallelisms multiply to a slice's
+  chips, the dcn_* ones to the slices. MaxText's `data` axis (ici and dcn
+  data parallelism) is --dp, replicas the batch is split over with X and
+  the weights are not; fsdp (and fsdp_transpose, dcn_fsdp) is X, tensor
+  Y."""
   o = parse_overrides(text)
   flags: dict[str, str] = {}
   mapping: list[str] = []
@@ -232,30 +264,30 @@ def maxtext_run(text: str, chips: int) -> MaxTextRun:
       f"per_device_batch_size={per_device} ({per_device} x {chips} chips)")
   put("seq", _int(o, "max_target_length", 2048),
       f"max_target_length={o.get('max_target_length', '2048 (default)')}")
-  tensor = _int(o, "ici_tensor_parallelism", 1)
+  ici = _axes(o, "ici", {"data": 1, "fsdp": -1, "fsdp_transpose": 1,
+                         "tensor": 1}, chips // slices)
+  if _int(o, "dcn_tensor_parallelism", 1) != 1:
+    raise ValueError(f"MaxText dcn_tensor_parallelism="
+                     f"{o['dcn_tensor_parallelism']}: tensor parallelism runs "
+                     "inside a slice here; give 1")
+  dcn = _axes(o, "dcn", {"data": -1, "fsdp": 1, "fsdp_transpose": 1,
+                         "tensor": 1}, slices)
   # fsdp_transpose is FSDP over a second mesh axis (MaxText shards the
   # batch over it too, and each weight on its other dim): the same bytes
   # gathered and reduced, so it joins X.
-  transpose = _int(o, "ici_fsdp_transpose_parallelism", 1)
-  fsdp = _int(o, "ici_fsdp_parallelism", -1 if transpose == 1 else 1)
-  fsdp_given = o.get("ici_fsdp_parallelism", str(fsdp))
-  if fsdp == transpose == -1:
-    raise ValueError("MaxText ici_fsdp_parallelism=-1 and "
-                     "ici_fsdp_transpose_parallelism=-1: one of them may be "
-                     "-1 (the rest of the chips), not both")
-  if -1 in (fsdp, transpose):
-    rest = chips // (tensor * (fsdp if transpose == -1 else transpose))
-    fsdp, transpose = (fsdp, rest) if transpose == -1 else (rest, transpose)
-  if fsdp * transpose * tensor != chips:
-    raise ValueError(f"MaxText ici_fsdp_parallelism={fsdp} x "
-                     + (f"ici_fsdp_transpose_parallelism={transpose} x "
-                        if transpose != 1 else "")
-                     + f"ici_tensor_parallelism={tensor} is not {chips} chips")
-  put("mesh", f"{fsdp * transpose}x{tensor}",
-      f"ici_fsdp_parallelism={fsdp_given} "
-      + (f"ici_fsdp_transpose_parallelism={o['ici_fsdp_transpose_parallelism']} "
-         if "ici_fsdp_transpose_parallelism" in o else "")
-      + f"ici_tensor_parallelism={tensor}")
+  x = math.prod(a["fsdp"] * a["fsdp_transpose"] for a in (ici, dcn))
+  given = lambda key, default: f"{key}={o.get(key, default)}"
+  put("mesh", f"{x}x{ici['tensor']}", " ".join(
+      [given("ici_fsdp_parallelism",
+             -1 if "ici_fsdp_transpose_parallelism" not in o else 1)]
+      + [given(k, 1) for k in ("ici_fsdp_transpose_parallelism",
+                               "dcn_fsdp_parallelism",
+                               "dcn_fsdp_transpose_parallelism") if k in o]
+      + [given("ici_tensor_parallelism", 1)]))
+  if ici["data"] * dcn["data"] > 1:
+    put("dp", ici["data"] * dcn["data"],
+        f"ici_data_parallelism={ici['data']} dcn_data_parallelism="
+        f"{dcn['data']} (replicas: weights sharded over X alone)")
   remat = o.get("remat_policy", "full")
   if remat == "custom":
     spec, given = custom_remat(o, _gated(_config(name, cfg)))
@@ -295,11 +327,6 @@ def maxtext_run(text: str, chips: int) -> MaxTextRun:
     for key in ("megablox", "sparse_matmul"):
       if o.get(key, "true").lower() != "false":
         unexpressed.append(f"{key}={o.get(key, 'true (default)')}")
-  for key in ("ici_data_parallelism", "dcn_data_parallelism",
-              "dcn_fsdp_parallelism", "dcn_tensor_parallelism"):
-    allowed = (1, -1) if key == "dcn_data_parallelism" else (1,)  # -1: rest
-    if key in o and _int(o, key, 1) not in allowed:
-      unexpressed.append(f"{key}={o[key]}")
   for key, value in o.items():
     if key not in _BOOKKEEPING and key not in _READ and key not in _DIMS:
       unexpressed.append(f"{key}={value}")

@@ -17,19 +17,21 @@ from jax.sharding import PartitionSpec as P
 
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "kv", "mlp",
                 "vocab", "layers", "exp", "stage")
-MESH_AXES = ("X", "Y", "P")
+MESH_AXES = ("X", "Y", "P", "D")
 
-Table = tuple[tuple[str, str | None], ...]
+Table = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 
-def _table(mapping: Mapping[str, str | None]) -> Table:
+def _table(mapping: Mapping[str, str | tuple[str, ...] | None]) -> Table:
   unknown = set(mapping) - set(LOGICAL_AXES)
   if unknown:
     raise ValueError(f"unknown logical axis {sorted(unknown)[0]!r}; valid: "
                      f"{', '.join(LOGICAL_AXES)}")
-  bad = [v for v in mapping.values() if v not in (*MESH_AXES, None)]
+  bad = [a for v in mapping.values() if v is not None
+         for a in ((v,) if isinstance(v, str) else v) if a not in MESH_AXES]
   if bad:
-    raise ValueError(f"unknown mesh axis {bad[0]!r}; valid: X, Y, P, or none")
+    raise ValueError(f"unknown mesh axis {bad[0]!r}; valid: X, Y, P, D, "
+                     "a tuple of them, or none")
   return tuple(sorted(mapping.items()))
 
 
@@ -46,14 +48,17 @@ class AxisRules:
     mapped to the same axis stays whole (as MaxText's logical rules do). So
     with experts over X (`exp` -> X) an expert weight (exp, embed, mlp) is
     split by expert, not also along embed, and an expert-major activation
-    (exp, batch, ...) by expert, not also by batch.
+    (exp, batch, ...) by expert, not also by batch (by the rest of the
+    batch's axes: D with replicas).
     """
     mapping = dict(getattr(self, table))
     used, axes = set(), []
     for n in names:
       axis = mapping.get(n) if n else None
-      axes.append(None if axis in used else axis)
-      used.add(axis)
+      free = tuple(a for a in ((axis,) if isinstance(axis, str) else
+                               axis or ()) if a not in used)
+      axes.append(free[0] if len(free) == 1 else free or None)
+      used |= set(free)
     return P(*axes)
 
   def replace(self, table: str, **updates: str | None) -> "AxisRules":

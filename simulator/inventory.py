@@ -92,7 +92,7 @@ def optimizer_state_bytes(cfg: ModelConfig, plan: MeshPlan,
   if cfg.positions == "learned":
     seq = min(seq, cfg.max_len)
   any_batch = dataclasses.replace(  # the state has no batch
-      settings, batch=plan.X * plan.Y * settings.microbatches, grad_accum=1,
+      settings, batch=plan.D * plan.X * plan.Y * settings.microbatches, grad_accum=1,
       seq=seq)
   leaves = jax.tree.leaves(build_step(cfg, any_batch,
                                       abstract_mesh(plan)).opt_state)

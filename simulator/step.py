@@ -163,10 +163,13 @@ def _in_memory(tree: Tree, kind: str) -> Tree:
 
 
 def check_divisible(path: str, shape, spec: P, mesh) -> None:
-  for dim, axis in zip(shape, spec):
-    if axis is not None and dim % mesh.shape[axis]:
+  for dim, entry in zip(shape, spec):
+    axes = mesh_class.entry_axes(entry)
+    size = math.prod(mesh.shape[a] for a in axes)
+    if dim % size:
+      axis = "x".join(axes)
       raise PlanError(
-          f"{path}: dimension {dim} is sharded over {axis}={mesh.shape[axis]},"
+          f"{path}: dimension {dim} is sharded over {axis}={size},"
           f" which does not divide it; choose {axis} dividing {dim}")
 
 
@@ -232,6 +235,9 @@ def step_rules(cfg: ModelConfig, settings: TrainSettings, mesh,
   if settings.pp > 1:  # the layer stack's stage dim (models.pipeline)
     for table in ("params", "compute", "activations"):
       base_rules = base_rules.replace(table, stage="P")
+  if dict(mesh.shape).get("D", 1) > 1:  # replicas split the batch with X
+    base_rules = base_rules.replace(
+        "activations", batch=("D", dict(base_rules.activations)["batch"]))
   return tuple(mesh_rules(cfg, rules_for(fsdp, base_rules), mesh)
                for fsdp in (shard == "zero3", shard != "dp",
                             shard in ("zero2", "zero3")))

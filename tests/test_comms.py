@@ -134,6 +134,19 @@ def test_multi_slice_adds_the_dcn_ring():
       plan, "Y", 9e10)))
 
 
+def test_replicas_across_slices_sum_over_dcn_alone():
+  """D2x256x1 on v5e-256x2: each replica a slice, so the sum over D is the
+  DCN ring between the 2 slices at 25 Gb/s per chip (Cloud's v5e page:
+  6.4 Tbps per 256-chip pod), no ICI part; inside one slice D is a ring
+  over one physical axis without wraparound, as pipeline stages are."""
+  plan = plan_mesh(parse_topology("v5e-256x2"), 256, 1, D=2)
+  assert collective_cost("all-reduce", "D", plan, 4.5e10).time(1e6) == (
+      pytest.approx(2 * (1 / 2) * 1e6 / 3.125e9))
+  inside = plan_mesh(parse_topology("v5e-32"), 16, 1, D=2)
+  assert collective_cost("all-reduce", "D", inside, 4.5e10).time(1e6) == (
+      pytest.approx(ring_time("all-reduce", 1e6, 2, 4.5e10)))
+
+
 def test_gpu_axes_are_timed_as_nccl_does():
   plan = plan_mesh(parse_topology("h100:2x8"), 2, 8)
   tp = collective_cost("all-gather", "Y", plan, 4.5e11, nbytes=1e8)

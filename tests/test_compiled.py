@@ -454,3 +454,36 @@ def test_a_refusal_without_a_dump_has_no_peak(tmp_path):
   error.xla_peak = None
   assert crosscheck.refused_at(error) == {} == crosscheck.refused_at(
       RuntimeError())
+
+
+MULTI_SLICE = textwrap.dedent("""\
+    HloModule jit_step, is_scheduled=true, num_partitions=4
+
+    ENTRY %main (a: f32[8]) -> f32[8] {
+      %a = f32[8]{0} parameter(0)
+      %ar = f32[8]{0} all-reduce(%a), channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
+      %t = token[] after-all()
+      %send.1 = (f32[1,8,128]{2,1,0:T(8,128)}, u32[]{:S(2)}, token[]) send(%a, %t), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.5_0",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}
+      %recv.1 = (f32[1,8,128]{2,1,0:T(8,128)}, u32[]{:S(2)}, token[]) recv(%t), channel_id=3, is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+      %m = f32[8]{0} all-reduce(%a), channel_id=4, replica_groups=mesh['axis_0'=8] {'axis_0'}, use_global_device_ids=true, to_apply=%add
+      ROOT %r = f32[8]{0} copy(%a)
+    }
+    """)
+
+
+def test_a_multi_slice_module_reads_its_groups_in_one_slice_and_its_dcn_sums():
+  """A 2-slice module is one slice's (num_partitions 4 of the D2x4x1
+  mesh's 8): {0,1,2,3} is X inside the slice, and each MegaScale
+  ALL_REDUCE send is one all-reduce over D of its bytes (the recv is its
+  other half, not another); XLA's own one-axis mesh of the slice's 8
+  devices in a one-slice module is D and X together."""
+  colls, _ = H.parse_collectives(MULTI_SLICE, (2, 4, 1), ("D", "X", "Y"))
+  by = {c.name: c for c in colls}
+  assert by["ar"].axes == ("X",)
+  assert (by["send.1"].kind, by["send.1"].axes, by["send.1"].in_bytes) == (
+      "all-reduce", ("D",), 8 * 128 * 4)
+  assert "recv.1" not in by
+  assert by["m"].axes is None  # 8 devices: no group of this slice's 4
+  one_slice = MULTI_SLICE.replace("num_partitions=4", "num_partitions=8")
+  colls, _ = H.parse_collectives(one_slice, (2, 4, 1), ("D", "X", "Y"))
+  assert {c.name: c.axes for c in colls}["m"] == ("D", "X")

@@ -35,8 +35,21 @@ def test_seed_004_json():
 def test_bad_flags_exit_2_one_line():
   for args in (["--mesh=5x5"], ["--model=nope"], ["--pass=sideways"],
                ["--flops_per_chip=-1"], ["--m_x=0", "--mesh=16x4"],
-               ["--tokens=0"]):
+               ["--tokens=0"], ["--dp=3"], ["--dp=2", "--mesh=64x1"]):
     r = _run(*args)
     assert r.returncode == 2, (args, r.stderr)
     lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_replicas_sum_their_gradients_over_dcn():
+  """--dp=2 on two slices: each X x Y mesh is one replica's; the
+  gradients' sums over D run over DCN, on each device's shard."""
+  r = _run("--model=tiny", "--topology=v5e-16x2", "--dp=2", "--mesh=16x1",
+           "--batch=32", "--seq=64", "--format=json")
+  assert r.returncode == 0, r.stderr
+  out = json.loads(r.stdout)
+  assert out["dp"] == 2 and out["collectives_mesh"] == "D2x16x1"
+  assert {(m["X"], m["Y"]) for m in out["meshes"]} >= {(16, 1), (8, 2)}
+  over_d = [c for c in out["collectives"] if c["axis"] == "D"]
+  assert over_d and {c["kind"] for c in over_d} == {"all-reduce"}

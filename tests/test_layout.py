@@ -198,3 +198,34 @@ def test_pipeline_stages_are_the_outermost_axis():
   with pytest.raises(ValueError, match="pp=2 x mesh 2x2 has 8 devices but "
                      "v5p-8 has 4 chips"):
     layout.plan_mesh(one, 2, 2, P=2)
+
+
+def test_data_parallel_replicas_are_laid_out_as_stages_are():
+  """D x X x Y: D·X laid out as X alone, D its major part (the slices
+  first, as MaxText's dcn_data_parallelism puts its data axis across
+  slices); a plan has stages or replicas, not both."""
+  plan = layout.plan_mesh(parse_topology("v5e-16x2"), 16, 1, D=2)
+  assert plan.axis_names == ("D", "X", "Y") and plan.axis_sizes == (2, 16, 1)
+  assert (plan.replica_hosts, plan.x_hosts, plan.chips, plan.data) == (
+      2, 1, 32, 32)
+  assert "D=2 data-parallel replicas (weights sharded over X alone) " \
+         "outermost (across 2 slices)" in plan.describe()
+  mesh = layout.device_mesh(plan)
+  assert mesh.axis_names == ("D", "X", "Y")
+  assert [{d.slice_index for d in mesh.devices[r].flat} for r in (0, 1)] == [
+      {0}, {1}]
+  inside = layout.plan_mesh(parse_topology("v5e-32"), 16, 1, D=2)
+  assert (inside.replica_hosts, inside.size("D"), inside.hosts("D")) == (
+      1, 2, 1)
+  assert layout.mesh_name(16, 1, D=2) == "D2x16x1"
+  assert layout.parse_mesh_name("D2x16x1") == (16, 1, 2)
+  assert layout.parse_mesh_name("8x4") == (8, 4, 1)
+  n = len(jax.devices("cpu")) + 1
+  with pytest.raises(ValueError, match=f"cpu mesh D{n}x1x1 needs {n} CPU"):
+    layout.cpu_mesh(1, 1, D=n)
+  with pytest.raises(ValueError, match="a plan has pipeline stages or "
+                     "data-parallel replicas, not both"):
+    layout.plan_mesh(parse_topology("v5p-16"), 2, 1, P=2, D=2)
+  with pytest.raises(ValueError, match="dp=3 x mesh 4x1 has 12 devices but "
+                     "v5e-16 has 16 chips"):
+    layout.plan_mesh(parse_topology("v5e-16"), 4, 1, D=3)

@@ -123,10 +123,31 @@ def test_fsdp_transpose_joins_x(text, mesh):
   assert run.flags["mesh"] == mesh and not run.unexpressed
 
 
+@pytest.mark.parametrize("text,slices,mesh,dp", [
+    # base.yml's dcn_data_parallelism=-1: each slice a data-parallel replica
+    ("ici_fsdp_parallelism=-1", 2, "32x1", "2"),
+    ("ici_fsdp_parallelism=16 ici_tensor_parallelism=2", 2, "16x2", "2"),
+    ("dcn_data_parallelism=1 dcn_fsdp_parallelism=-1", 2, "64x1", None),
+    ("ici_data_parallelism=2 ici_fsdp_parallelism=-1", 1, "32x1", "2"),
+    ("ici_data_parallelism=2 dcn_data_parallelism=2", 2, "16x1", "4"),
+])
+def test_the_data_axis_is_replicas_and_fsdp_is_x(text, slices, mesh, dp):
+  """MaxText's ici_* parallelisms multiply to a slice's chips, the dcn_*
+  ones to the slices; its data axis (ici and dcn) is --dp, fsdp X (over
+  slices too with dcn_fsdp_parallelism)."""
+  run = maxtext.maxtext_run(f"model_name=llama2-70b {text}", chips=64,
+                            slices=slices)
+  assert (run.flags["mesh"], run.flags.get("dp")) == (mesh, dp)
+  assert not run.unexpressed
+
+
 @pytest.mark.parametrize("text,match", [
     ("ici_fsdp_parallelism=8 ici_tensor_parallelism=4", "is not 64 chips"),
+    ("dcn_tensor_parallelism=2", "dcn_tensor_parallelism=2: tensor "
+     "parallelism runs inside a slice"),
+    ("dcn_data_parallelism=3", "dcn_data_parallelism=3 is not 1 slices"),
     ("ici_fsdp_parallelism=2 ici_fsdp_transpose_parallelism=2", "is not 64"),
-    ("ici_fsdp_parallelism=-1 ici_fsdp_transpose_parallelism=-1", "not both"),
+    ("ici_fsdp_parallelism=-1 ici_fsdp_transpose_parallelism=-1", "one of them may be -1"),
     ("remat_policy=everything", "remat_policy='everything'"),
     ("per_device_batch_size=two", "must be an integer"),
     ("just_a_word", "is not key=value"),

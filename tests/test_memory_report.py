@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from experiments import memory_report
 from meshes.layout import plan_mesh
 from meshes.topology import parse_topology
@@ -106,3 +108,19 @@ def test_each_schedule_is_shown_and_the_peak_is_the_largest_kept():
   limited = dataclasses.replace(est, remat_limit_bytes=(deferred + traced) // 2)
   assert limited.schedule_peaks()["deferred"] == (deferred, False)
   assert "dropped" in "\n".join(memory_report.schedule_lines(limited))
+
+
+def test_replicas_hold_the_weights_of_their_x_shards():
+  """--dp=2 across two slices (D2x16x1) holds each weight over X's 16
+  alone: twice the parameters and optimizer state per device of FSDP over
+  all 32 chips, the same activations per device."""
+  def per_device(*mesh):
+    r = _run("--model=gpt2", "--topology=v5e-16x2", "--batch=32",
+             "--seq=256", "--format=json", *mesh)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["per_device_bytes"]
+  replicas, fsdp = per_device("--dp=2", "--mesh=16x1"), per_device(
+      "--mesh=32x1")
+  for kind in ("params", "optimizer"):
+    assert replicas[kind] == pytest.approx(2 * fsdp[kind], rel=0.02), kind
+  assert replicas["activations"] == fsdp["activations"]

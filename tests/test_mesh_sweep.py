@@ -148,6 +148,9 @@ def _cli(*args):
     (["--model=gpt2", "--seq=2048"], "1024 learned positions"),
     (["--capacity_factor=1.25"], "has no mixture of experts"),
     (["--target_seq=64"], "has no encoder"),
+    (["--topology=v5e-16x2", "--maxtext=model_name=tiny "
+      "per_device_batch_size=1"], "sets dp=2 (data-parallel replicas), which "
+     "this experiment does not take"),
 ])
 def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
   p = _cli(*args, f"--logdir={tmp_path}")

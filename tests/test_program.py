@@ -148,3 +148,24 @@ def test_qloras_index_lookup_splits_back_without_a_gather():
                             gpu=True)  # XLA:GPU gathers them (GPU #151)
   assert [c for c in gpu.collectives if c.kind == "all-gather"
           and c.dtype == "int32"]
+
+
+def test_a_replicas_sum_runs_on_the_shard_after_a_whole_all_reduce():
+  """With replicas (D2x16x1 across two slices) a weight's gradient is
+  all-reduced whole over X and then over D on the 1/16 shard each device
+  keeps, as libtpu compiles it (qwen2-0.5b v5e-16x2, corpus #290: a
+  layer's gradients all-reduced over the slice, then MegaScale ALL_REDUCE
+  sends of each weight's shard); one slice, no replicas: a reduce-scatter
+  over X."""
+  def grads(topology, X, D):
+    plan = plan_mesh(parse_topology(topology), X, 1, D=D)
+    traced = trace_probe(PRESETS["tiny"], TrainSettings(batch=1, seq=64),
+                         abstract_mesh(plan))
+    return [c for c in program.read_traced(traced).collectives
+            if c.source.startswith("blocks/mlp/wo/")
+            and c.phase == "backward"]
+  two = {(c.kind, c.axis): c.bytes_per_device for c in grads("v5e-16x2", 16, 2)}
+  assert set(two) == {("all-reduce", "X"), ("all-reduce", "D")}
+  assert two["all-reduce", "D"] * 16 == two["all-reduce", "X"]
+  one = {(c.kind, c.axis): c.bytes_per_device for c in grads("v5e-16", 16, 1)}
+  assert one == {("reduce-scatter", "X"): two["all-reduce", "X"]}

@@ -122,7 +122,7 @@ def test_every_listed_cloud_name_round_trips():
     ("h100:2x16", "e.g. h100:8 or h100:2x8"),
     ("h100:1x2x8", "'h100:1x2x8'"),
     ("h100:0x8", "size 0"),
-    ("v5e-16x2", "no per-chip DCN bandwidth is known for v5e"),
+    ("v6e-16x2", "no per-chip DCN bandwidth is known for v6e"),
     ("v5p-8x0", "0 slices"),
     ("v5p-8xx2", "'v5p-8xx2'"),
     ("garbage", "'garbage'"),

@@ -306,7 +306,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   `at_batch` for a real one."""
   step = traced.step
   batch = step.batch["inputs"].shape[0]
-  require_probe(batch, plan.X * plan.Y, "estimate_memory",
+  require_probe(batch, plan.D * plan.X * plan.Y, "estimate_memory",
                 step.grad_accum * step.microbatches)
   _require_loss(traced.jaxpr)
   per_device_batch = device_shape(step.batch["inputs"])[0]
@@ -318,7 +318,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   sms = (xla_gpu_rules.Sms(*gpu_target.sm_count_and_major(
       plan.topology.chip.name)) if gpu else None)
   points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms,
-                             one_device=plan.P * plan.X * plan.Y == 1)
+                             one_device=plan.chips == 1)
   rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
           else None)
   limit = (capacity.remat_limit_bytes(plan) if rule is None

@@ -28,6 +28,11 @@ per-chip DCN bandwidth (meshes.network). GPU topologies are timed as NCCL times
 them (simulator.timing.nccl): ring, tree, NVLS and hierarchical algorithms with
 per-hop latencies. `collective_cost` picks the model for the topology.
 
+Data-parallel replicas (mesh axis D, meshes.layout) are laid out as stages
+are: their sums (the gradients', on each device's shard: simulator.tracing.
+program._sum_scattered) are rings over one physical axis without wraparound
+inside a slice, and across slices the DCN ring over the slices.
+
 Pipeline stages (mesh axis P, meshes.layout): a stage's send to the next
 (a collective permute) is point to point, V bytes over one link to the
 neighbouring chip (w_link, one way), or over the network between hosts
@@ -60,7 +65,7 @@ def collectives(traced, plan: MeshPlan | None = None) -> list[Collective]:
 def axis_bandwidth(plan: MeshPlan, axis: str, link_bandwidth: float,
                    wraparound: bool | None = None) -> float:
   """Bytes/s one device moves over `axis`: M · (2·w_link with wraparound, else w_link)."""
-  if axis == "P":  # pipeline stages: see the module doc
+  if axis in ("P", "D"):  # stages, replicas: see the module doc
     return link_bandwidth
   m = plan.M_X if axis == "X" else plan.M_Y
   wrap = (plan.wrap_x if axis == "X" else plan.wrap_y) if wraparound is None \

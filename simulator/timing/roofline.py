@@ -270,7 +270,8 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan))
   batch = traced.step.batch["inputs"].shape[0]
-  require_probe(batch, plan.X * plan.Y, "fit_mesh", settings.batch_splits)
+  require_probe(batch, plan.D * plan.X * plan.Y, "fit_mesh",
+                settings.batch_splits)
   fraction = (moe.active_fraction(cfg, settings.seq, settings.capacity_factor)
               if cfg.moe else 1.0)
   share = (settings.microbatches / iterations(settings.pp,
@@ -298,7 +299,7 @@ def _layer_times(model: MeshModel, tokens: float, hw: Hardware, phases,
   for t in model.terms:
     if t.phase not in phases:
       continue
-    n = X if t.axis == "X" else Y
+    n = {"X": X, "Y": Y}.get(t.axis) or plan.size(t.axis)
     s = (X0 / X) ** t.x_exp * (Y0 / Y) ** t.y_exp
     per_layer = t.count / model.layer_count[t.layer]
     cost = collective_cost(t.kind, t.axis, plan, hw.link_bandwidth, hw.ring,
@@ -429,14 +430,14 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
     all_global += g1 * tokens
   model_flops = _model_flops(model, tokens, "backward" in phases)
   step = tm + ts + th + te
-  peak = plan.P * plan.X * plan.Y * hw.flops_per_chip
+  peak = plan.chips * hw.flops_per_chip
   thr = max([l.threshold_tokens_global for l in layers if l.t_math > 0] or
             [math.inf])
   return StepEstimate(
       tokens=tokens, t_math=tm, t_comm=tc, exposed_comm=te, step_time=step,
       mfu=model_flops / (step * peak) if step > 0 else 0.0,
       hfu=all_global / (step * peak) if step > 0 else 0.0,
-      threshold_tokens_per_device=thr / plan.X,
+      threshold_tokens_per_device=thr / plan.data,
       threshold_tokens_global=thr, layers=tuple(layers), t_hbm=th,
       roofline_mfu=model_flops / (bound * peak) if bound > 0 else 0.0,
       t_matmul_hbm=ts)
@@ -472,11 +473,13 @@ class MeshRow:
 
 def search_meshes(cfg, settings: TrainSettings, topology, m_x=None, m_y=None,
                   meshes=None, hardware_kw=None, pass_: str = "step",
-                  tokens: float | None = None) -> list[MeshRow]:
-  """Trace and estimate every X×Y factorization (or `meshes`) of the topology."""
+                  tokens: float | None = None, D: int = 1) -> list[MeshRow]:
+  """Trace and estimate every X×Y factorization (or `meshes`) of the
+  topology, of its chips over D replicas with D > 1."""
   rows = []
-  for X, Y in meshes or mesh_shapes(topology):
-    plan = plan_mesh(topology, X, Y, m_x, m_y)
+  for X, Y in meshes or [(x // D, y) for x, y in mesh_shapes(topology)
+                         if x % D == 0]:
+    plan = plan_mesh(topology, X, Y, m_x, m_y, D=D)
     try:
       model = fit_mesh(cfg, settings, plan)
     except ValueError as e:  # e.g. a sharded dim the axis does not divide

@@ -12,7 +12,8 @@ collectives run) is the same wherever these are the same:
   dividing them changes the shardings), and the vocabulary's padding to its
   axis (simulator.step.pad_vocab changes a global shape);
 - the pipeline stages P (a mesh with P has a third axis and the stage loop,
-  models.pipeline): each P is a class of its own.
+  models.pipeline): each P is a class of its own; so is each number of
+  data-parallel replicas D (a third axis the batch is split over with X).
 
 That is the class key (`class_key`). Inside a class, the estimators
 (simulator.memory, simulator.timing.roofline) run again on the one traced program
@@ -225,4 +226,4 @@ def class_key(cfg: ModelConfig, settings: TrainSettings,
   rules, _, _ = step_rules(cfg, settings, mesh)
   padded, _ = pad_vocab(cfg, rules, mesh)
   return (kv_heads_replicated(cfg, plan.Y),
-          padded.vocab_size) + ((plan.P,) if plan.P > 1 else ())
+          padded.vocab_size) + (plan.outer[:2] if plan.outer else ())

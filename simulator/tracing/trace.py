@@ -292,5 +292,6 @@ def trace(cfg: ModelConfig, settings: TrainSettings, mesh) -> Traced:
 def trace_probe(cfg: ModelConfig, settings: TrainSettings, mesh) -> Traced:
   """The step traced at the probe batch (simulator.tracing.batch_probe): what the
   memory and timing estimates read, once, for every batch size."""
-  devices = mesh.shape["X"] * mesh.shape["Y"]  # P (stages) holds no batch
+  # P (stages) holds no batch; D (replicas) splits it with X
+  devices = mesh.shape["X"] * mesh.shape["Y"] * dict(mesh.shape).get("D", 1)
   return trace(cfg, probe_settings(cfg, settings, devices), mesh)

@@ -80,14 +80,14 @@ def target_kind(target: str) -> str:
   return parse_topology(t).chip.kind
 
 
-def make_mesh(target: str, X: int, Y: int, P: int = 1):
-  """A real jax Mesh (Explicit X/Y axes, P first with pipeline stages) for
-  `target`; see the module docstring."""
+def make_mesh(target: str, X: int, Y: int, P: int = 1, D: int = 1):
+  """A real jax Mesh (Explicit X/Y axes, P first with pipeline stages, D
+  with data-parallel replicas) for `target`; see the module docstring."""
   if target == "cpu":
-    return layout.cpu_mesh(X, Y, P)
-  if P > 1 and target == "gpu":
-    raise ValueError("pp > 1 compiles on a TPU or GPU topology name, not on "
-                     "attached GPUs")
+    return layout.cpu_mesh(X, Y, P, D)
+  if (P > 1 or D > 1) and target == "gpu":
+    raise ValueError("pp > 1 or dp > 1 compiles on a TPU or GPU topology "
+                     "name, not on attached GPUs")
   if target == "gpu":
     try:
       devices = jax.devices("gpu")
@@ -99,7 +99,7 @@ def make_mesh(target: str, X: int, Y: int, P: int = 1):
     return jax.sharding.Mesh(grid, layout.AXIS_NAMES,
                              axis_types=(jax.sharding.AxisType.Explicit,) * 2)
   return layout.device_mesh(layout.plan_mesh(parse_topology(target), X, Y,
-                                             P=P))
+                                             P=P, D=D))
 
 
 def symbolic_argument_bytes(step: Step, reads: Sequence[bool]
@@ -369,7 +369,7 @@ def report(c: Compiled, target: str) -> CompiledReport:
 def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
                    X: int, Y: int, progress: Progress | None = _stderr,
                    execute_steps: int = 0, dump_dir: str | None = None,
-                   dump_passes: str = "^$") -> CompiledReport:
+                   dump_passes: str = "^$", D: int = 1) -> CompiledReport:
   """Compiles for target (TPU topology name, "cpu" or "gpu") and reads the figures.
 
   execute_steps > 0 on a GPU (or CPU fake devices, where it checks that the
@@ -379,10 +379,10 @@ def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
   ranges) there, with the module before and after each pass `dump_passes`
   matches.
   """
-  label = f"[{cfg.name} {target} {X}x{Y}] "
+  label = f"[{cfg.name} {target} {layout.mesh_name(X, Y, D=D)}] "
   if progress:
     progress(f"{label}building and lowering the train step ...")
-  c = compile_step(cfg, settings, make_mesh(target, X, Y, settings.pp),
+  c = compile_step(cfg, settings, make_mesh(target, X, Y, settings.pp, D),
                    progress, label,
                    dump_dir, dump_passes)
   rep = report(c, target)

@@ -9,7 +9,7 @@ import re
 import time
 from typing import Any, Callable
 
-from meshes.layout import abstract_mesh, parse_mesh, plan_mesh
+from meshes.layout import abstract_mesh, mesh_name, parse_mesh_name, plan_mesh
 from meshes.topology import parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
@@ -21,7 +21,7 @@ from simulator.tracing.trace import trace
 
 
 def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
-              y: int):
+              y: int, d: int = 1):
   """The memory estimate and the traced program (its collectives and
   matmuls) at the config's own batch. Under `--schedule=1f1b` the estimate
   is the traced GPipe program's: that is the program XLA compiles, and the
@@ -29,7 +29,7 @@ def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
   instead, which no compile shows (llama2_7b v5p-32 4x2 pp=2 b256 M=8, #131:
   XLA holds all nine iterations' stage activations, bf16[9,16,1,8,2048,2048],
   where the rule keeps two)."""
-  plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp)
+  plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp, D=d)
   estimate = memory.memory_report(
       cfg, dataclasses.replace(settings, schedule="gpipe"), plan)
   return estimate, read_traced(trace(cfg, settings, abstract_mesh(plan)),
@@ -39,19 +39,21 @@ def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
 def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
              y: int, target: str | None = None, execute_steps: int = 0,
              progress: Callable[[str], None] | None = None,
-             dump_dir: str | None = None) -> dict[str, Any]:
-  """Compile the step for `target` (default: the TPU `topology`) and compare."""
-  estimate, program = _symbolic(cfg, settings, topology, x, y)
+             dump_dir: str | None = None, d: int = 1) -> dict[str, Any]:
+  """Compile the step for `target` (default: the TPU `topology`) and compare;
+  `d` data-parallel replicas outermost (meshes.layout)."""
+  estimate, program = _symbolic(cfg, settings, topology, x, y, d)
   kwargs = {} if progress is None else {"progress": progress}
   rep = compiled.compile_report(cfg, settings, target or topology, x, y,
                                 execute_steps=execute_steps, dump_dir=dump_dir,
-                                **kwargs)
+                                D=d, **kwargs)
   out = compiled.compare(estimate, rep)
   out["collectives"] = compiled.compare_collectives(
       program.collectives, rep.collective_summary())
   out["flops"] = compiled.compare_flops(program.dots,
                                        _comparable_flops(rep.flops, target or topology))
-  out["config"] = {"model": cfg.name, "topology": topology, "mesh": f"{x}x{y}",
+  out["config"] = {"model": cfg.name, "topology": topology,
+                   "mesh": mesh_name(x, y, D=d),
                    "target": target or topology,
                    **dataclasses.asdict(settings)}
   return out
@@ -84,9 +86,10 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
     return row
   config = row["config"]
   target = config.get("target") or config["topology"]
-  x, y = parse_mesh(config["mesh"])
+  x, y, d = parse_mesh_name(config["mesh"])
   estimate, program = _symbolic(load_model(config["model"]),
-                                settings_of(config), config["topology"], x, y)
+                                settings_of(config), config["topology"], x, y,
+                                d)
   sym = compiled.symbolic_side(estimate, target)
   if "oom" in row:
     needed = row["oom"].get("peak_bytes") or row["oom"]["temp_bytes"]
@@ -130,13 +133,13 @@ def refused_at(error: BaseException, top: int = compiled.PEAK_BUFFERS
 
 
 def compile_case(cfg: ModelConfig, settings: TrainSettings, topology: str,
-                 x: int, y: int, progress: Callable[[str], None] | None = None
-                 ) -> dict[str, Any]:
+                 x: int, y: int, progress: Callable[[str], None] | None = None,
+                 d: int = 1) -> dict[str, Any]:
   """`validate`, with a failed compile kept as a result: its message whole,
   and for an out-of-HBM compile the bytes XLA needed (`oom`)."""
   started = time.perf_counter()
   try:
-    return validate(cfg, settings, topology, x, y, progress=progress)
+    return validate(cfg, settings, topology, x, y, progress=progress, d=d)
   except Exception as e:  # noqa: BLE001 - a failed compile is a result
     text = str(e)
     first = text.splitlines()[0] if text else ""

@@ -100,7 +100,7 @@ def compile_probe(cfg: ModelConfig, settings: TrainSettings, plan: MeshPlan,
     try:
       report = compiled.compile_report(
           cfg, dataclasses.replace(settings, batch=batch), plan.topology.name,
-          plan.X, plan.Y, progress=None)
+          plan.X, plan.Y, progress=None, D=plan.D)
     except Exception as e:  # noqa: BLE001 - only XLA's HBM refusal is kept
       oom = crosscheck.hbm_oom(str(e))
       if oom is None:

@@ -53,6 +53,14 @@ typed by `_xla_megascale_transfer_type` (ALL_GATHER), with the group as
 in and u8[1,4096,5504] out for an MLP code slice, in the host
 computations the layer loops call; the step's all-gathers read 0.52 GiB
 without them against the traced program's 6.74.
+Multi-slice (data-parallel replicas D across TPU slices): the optimized
+module is one slice's (`num_partitions` the slice's devices, against the
+mesh's before SPMD partitioning), its replica groups that slice's device
+positions, read against the mesh without D; the sums over D are host
+transfers, a `send` (with its `recv`) of `is_host_transfer=true`,
+`_xla_megascale_transfer_type="ALL_REDUCE"`, carrying this device's part:
+each send is one all-reduce over D of its shape's bytes (qwen2-0.5b
+v5e-16x2 D2x16x1: README, "Data-parallel replicas").
 Collectives outside fusions are each their own, channel ids alike: a
 shard_map with every mesh axis manual gives its collectives channel_id=1,
 the forward's permute and its transpose's in the backward loop alike (gpt2
@@ -88,6 +96,8 @@ _MEGASCALE = re.compile(r'custom_call_target="MegaScaleCollective(Input|Output)'
                         r'Start".*?_xla_host_transfer_rendezvous="([^"]+)"')
 _MEGASCALE_KINDS = {"ALL_GATHER": "all-gather"}  # the one type seen (#70)
 MEGASCALE_ID_OFFSET = 100000  # _xla_megascale_target's device ids (#70)
+_DCN_SUM = '_xla_megascale_transfer_type="ALL_REDUCE"'  # a multi-slice sum
+REPLICAS = "D"  # the mesh axis of data-parallel replicas (meshes.layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,20 +259,23 @@ def _axes_of_pairs(pairs: Sequence[tuple[int, int]], mesh_shape: Sequence[int],
 
 def _groups_and_axes(line: str, mesh_shape, axis_names):
   m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
-  if m:
-    names = re.findall(r"'(\w+)'\s*=", m.group(1))
+  if m:  # XLA's own mesh, whose axes need not be ours (32 for D2x16x1)
+    named = re.findall(r"'(\w+)'\s*=\s*(\d+)", m.group(1))
+    names, sizes = [n for n, _ in named], [int(v) for _, v in named]
     chosen = re.findall(r"'(\w+)'", m.group(2))
-    idx = [names.index(c) for c in chosen if c in names]
-    return m.group(0), tuple(axis_names[i] for i in sorted(idx)
-                             if i < len(axis_names) and mesh_shape[i] > 1)
+    idx = sorted(names.index(c) for c in chosen if c in names)
+    if math.prod(sizes) != math.prod(mesh_shape):
+      return m.group(0), None
+    rest = [i for i in range(len(sizes)) if i not in idx]
+    groups = np.arange(math.prod(sizes)).reshape(sizes).transpose(
+        rest + idx).reshape(-1, math.prod(sizes[i] for i in idx)).tolist()
+    return m.group(0), _axes_of_groups(groups, mesh_shape, axis_names)
   m = re.search(r"replica_groups=(\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", line)
   if m:
     groups = _iota_groups(m.group(1))
     return m.group(1), _axes_of_groups(groups, mesh_shape, axis_names)
   m = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", line)
   if m:
-    if any(s > 1 for s in mesh_shape) and axis_names:
-      pass
     groups = [[int(x) for x in g.split(",") if x]
               for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
     return "{" + m.group(1) + "}", _axes_of_groups(groups, mesh_shape, axis_names)
@@ -280,6 +293,8 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
   comps = _computations(hlo_text)
   mult, known = _multipliers(hlo_text, comps)
   fused = _fused(comps)
+  dcn_axes = (REPLICAS,) if REPLICAS in axis_names else None
+  mesh_shape, axis_names = _slice_mesh(hlo_text, mesh_shape, axis_names)
   out = []
   cloned: dict = {}  # (channel, kind, shapes) -> its fused copy run least
   direct: set = set()  # the keys of the collectives outside fusions
@@ -305,6 +320,11 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
                           list(mesh_shape), list(axis_names))
         out += [host] if host else []
         continue
+      if op == "send" and _DCN_SUM in rest:
+        sent = shape_bytes(_ARRAY.search(result).group(0))
+        out.append(HloCollective("all-reduce", dcn_axes, sent, sent,
+                                 max(mult.get(comp, 1), 1), name, comp, "DCN"))
+        continue
       km = _OP_KIND.match(op)
       if not km:
         continue
@@ -328,6 +348,18 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
         if key:
           direct.add(key)
   return out + [c for k, c in cloned.items() if k not in direct], known
+
+
+def _slice_mesh(hlo_text: str, mesh_shape: Sequence[int],
+                axis_names: Sequence[str]
+                ) -> tuple[Sequence[int], Sequence[str]]:
+  """The mesh a multi-slice module's replica groups index: without D where
+  the module is one slice's, D of them (see the module docstring)."""
+  m = re.search(r"num_partitions=(\d+)", hlo_text[:hlo_text.find("\n")])
+  if (m and axis_names and axis_names[0] == REPLICAS
+      and int(m.group(1)) * mesh_shape[0] == math.prod(mesh_shape)):
+    return mesh_shape[1:], axis_names[1:]
+  return mesh_shape, axis_names
 
 
 def _megascale(line: str, result: str, in_bytes: int, count: int, name: str,
