@@ -727,4 +727,14 @@ CASES: list[Case] = [
     # compiled.
     Case("llama3_1_70b", "v6e-256", "256x1", 1280, 8192,
          "offload:decoder_layer_input,qkv", "adamw", C),
+    # Data-parallel replicas (--dp, mesh D x X x Y): the first two read in
+    # session 29 (the replicas' sums on each device's shard, over DCN
+    # between slices; in one slice a single all-reduce over D and X), the
+    # rest held out, simulated before compiling.
+    Case(QWEN2_0_5B, "v5e-16x2", "D2x16x1", 64, 1024, "full", "adamw"),
+    Case(QWEN2_0_5B, "v5e-32", "D2x16x1", 64, 1024, "full", "adamw"),
+    Case("llama2_7b", "v5p-16x2", "D2x8x1", 32, 2048, "full", "adamw", C),
+    Case(GEMMA_2B, "v5e-16x2", "D2x8x2", 32, 2048, "full", "adamw", C),
+    Case("llama2_7b", "v5p-32x2", "D2x8x2", 64, 4096, "dots", "adamw", C,
+         shard="zero1", precision="bf16"),
 ]

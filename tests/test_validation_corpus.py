@@ -8,7 +8,7 @@ import pytest
 
 from experiments import validation_matrix as vm
 from experiments.validation_corpus import CASES, CORPUS_JSONL, PARTS, Case
-from meshes.layout import parse_mesh
+from meshes.layout import parse_mesh_name
 from meshes.topology import parse_topology
 from models.params import num_params
 from models.registry import load_model
@@ -46,11 +46,13 @@ def test_corpus_spans_models_and_meshes():
   assert any(c.n_kv_heads == 1 for c in cfgs.values())  # MQA
   assert any(1 < c.n_kv_heads < c.n_heads for c in cfgs.values())  # GQA
   assert any(m.endswith(".json") for m in cfgs)
-  meshes = [parse_mesh(c.mesh) for c in CASES]
-  assert any(y == 1 for _, y in meshes) and any(y >= 4 * x for x, y in meshes)
+  meshes = [parse_mesh_name(c.mesh) for c in CASES]
+  assert any(y == 1 for _, y, _ in meshes) and any(
+      y >= 4 * x for x, y, _ in meshes)
+  assert any(d > 1 for _, _, d in meshes)  # data-parallel replicas
   for c in CASES:
-    x, y = parse_mesh(c.mesh)
-    assert x * y * c.pp == parse_topology(c.topology).chips, c.label()
+    x, y, d = parse_mesh_name(c.mesh)
+    assert x * y * c.pp * d == parse_topology(c.topology).chips, c.label()
 
 
 def test_every_part_holds_every_kind():
