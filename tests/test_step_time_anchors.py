@@ -17,8 +17,25 @@ def test_every_anchor_maps_onto_flags_without_loss():
   lookup as a one-hot matmul: 2·V·d FLOPs per token, about 1% of a step
   here, not modelled)."""
   for a in step_time_anchors.ANCHORS:
-    run = maxtext_run(a.maxtext, parse_topology(a.topology).chips)
+    topology = parse_topology(a.topology)
+    run = maxtext_run(a.maxtext, topology.chips, topology.hosts)
     assert run.unexpressed == ("use_iota_embed=true",), a.name
+    assert run.flags.get("dp", "1") == str(topology.hosts), a.name
+
+
+def test_the_multi_slice_anchors_are_the_v5e_tables_rows():
+  """MaxText's v5e table: the four one-slice scripts on 2 to 32 slices,
+  each slice a replica (D) of the one-slice mesh."""
+  names = [a.name for a in step_time_anchors.ANCHORS]
+  assert len(names) == 32 == len(set(names))
+  for n in (2, 4, 8, 16, 32):
+    assert [f"{s}B v5e-256x{n}" in names for s in (16, 32, 64, 128)] == [
+        True] * 4
+  row = next(a for a in step_time_anchors.ANCHORS
+             if a.name == "64B v5e-256x8")
+  assert (row.measured_mfu, row.measured_tflops) == (0.5496, 108)
+  predicted = step_time_anchors.predict(row)
+  assert predicted["mesh"] == "D8x256x1"
 
 
 def test_held_out_runs_map_whole():
@@ -52,10 +69,11 @@ def test_anchors_take_tensor_parallelism_from_their_scripts():
   """The v5e 128B script (configs/largest_job/128b.sh, Oct 2023) sets
   ici_fsdp_parallelism=16 ici_tensor_parallelism=16; the other v5e scripts
   leave both at base.yml's -1 and 1 (pure FSDP over 256 chips)."""
-  meshes = {a.name: maxtext_run(a.maxtext, parse_topology(a.topology).chips
-                                ).flags["mesh"]
+  topology = lambda a: parse_topology(a.topology)
+  meshes = {a.name: maxtext_run(a.maxtext, topology(a).chips,
+                                topology(a).hosts).flags["mesh"]
             for a in step_time_anchors.ANCHORS}
-  assert meshes["128B v5e-256"] == "16x16"
+  assert meshes["128B v5e-256"] == meshes["128B v5e-256x32"] == "16x16"
   assert [meshes[f"{s}B v5e-256"] for s in (16, 32, 64)] == ["256x1"] * 3
   assert meshes["512B v5p-1024"] == "32x16"
 
