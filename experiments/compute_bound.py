@@ -94,7 +94,8 @@ def main(argv):
                  threshold_tokens_global=_rnd(e.threshold_tokens_global),
                  t_math_s=e.t_math, t_comm_s=e.t_comm,
                  exposed_comm_s=e.exposed_comm, step_time_s=e.step_time,
-                 t_hbm_s=e.t_hbm, t_matmul_hbm_s=e.t_matmul_hbm, mfu=e.mfu,
+                 t_hbm_s=e.t_hbm, t_matmul_hbm_s=e.t_matmul_hbm,
+                 t_host_s=e.t_host, exposed_host_s=e.exposed_host, mfu=e.mfu,
                  roofline_mfu=e.roofline_mfu,
                  hfu=e.hfu)
     meshes.append(row)
@@ -153,6 +154,13 @@ def main(argv):
           f"{m['step_time_s']:>10.4g} {m['mfu']:>10.3f} "
           f"{m['roofline_mfu']:>10.3f} {m['t_hbm_s']:>10.4g} "
           f"{m['t_matmul_hbm_s']:>10.4g}")
+  hosted = [m for m in meshes if m.get("t_host_s")]
+  if hosted:
+    print(f"copies between host memory and HBM (offload) over the host link, "
+          f"{topo.chip.host_link_bandwidth:.3g} B/s one way: "
+          + "; ".join(f"{m['X']}x{m['Y']} {m['t_host_s']:.4g} s, "
+                      f"{m['exposed_host_s']:.4g} s of it exposed (in step_s)"
+                      for m in hosted))
   oc, bi = out["optimum_continuous"], out["best_integer"]
   print(f"continuous optimum (M_X={oc['M_X']}, M_Y={oc['M_Y']} held): Y={oc['Y']:.2f}"
         f" -> {fmt(oc['tokens_global'])} tokens")

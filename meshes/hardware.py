@@ -10,6 +10,11 @@ Every figure carries its public source. Where sources disagree the choice is sai
   96 GiB of physical HBM. The table lists 95 GiB to account for HBM reserved for the TPU
   system and libtpu runtime ... JAX ... report the user-allocatable HBM." The Scaling
   Book's "96GB" is the physical capacity. Seed 004 says "95GB" and means this 95 GiB.
+- Host link (PCIe), one way per chip: the Scaling Book's "PCIe bandwidth for TPU v4
+  is 16GB / second each way", "typically around 1.5e10 bytes / second per chip"
+  (v5e, v5p) and "Trillium (TPU v6e) has 32GB/s, about 2x higher than v5"; NVIDIA's
+  datasheets give "PCIe Gen5: 128GB/s" (H100, H200 SXM) and "PCIe Gen4: 64GB/s"
+  (A100 SXM) both ways together, half each way. TPU7x: none published here.
 - ICI: one-way bandwidth per link from the Scaling Book's interconnect table (the v5p
   row, 9e10 one-way / 1.8e11 bidirectional, is the W_ici = 2 * 9e10 of seed 004; the
   Cloud page's 100 GB/s differs slightly, which the Book notes; one revision of the
@@ -59,6 +64,9 @@ class Chip:
   # the datasheet's peak as its denominator.
   measured_bf16_flops: float = 0.0
   measured_hbm_bandwidth: float = 0.0
+  # One-way B/s between the chip and its host's memory (PCIe): what host
+  # offload moves its bytes over; 0: not known, not timed.
+  host_link_bandwidth: float = 0.0
 
   @property
   def ici_bidirectional_bandwidth(self) -> float:
@@ -82,6 +90,7 @@ CHIPS: dict[str, Chip] = {
             cores_per_chip=2,  # [v4] v4-128 = 64 chips
             megacore=True,
             mxu_size=128,  # [book] 128x128 MXUs
+            host_link_bandwidth=1.6e10,  # [book] 16 GB/s each way
         ),
         Chip(
             name="v5e",
@@ -95,6 +104,7 @@ CHIPS: dict[str, Chip] = {
             torus_dims=2,
             cores_per_chip=1,  # [v5e] one TensorCore per chip
             mxu_size=128,  # [book] 4 MXUs of 128x128 per TensorCore
+            host_link_bandwidth=1.5e10,  # [book] ~1.5e10 per chip
         ),
         Chip(
             name="v5p",
@@ -109,6 +119,7 @@ CHIPS: dict[str, Chip] = {
             cores_per_chip=2,  # [v5p] "v5p-32 ... 32 TensorCores (16 chips)"
             megacore=True,
             mxu_size=128,  # [book] 4 MXUs of 128x128 per TensorCore
+            host_link_bandwidth=1.5e10,  # [book] ~1.5e10 per chip
         ),
         Chip(
             name="v6e",
@@ -122,6 +133,7 @@ CHIPS: dict[str, Chip] = {
             torus_dims=2,
             cores_per_chip=1,  # [v6e] one TensorCore per chip
             mxu_size=256,  # [book] Trillium: 256x256 MXUs
+            host_link_bandwidth=3.2e10,  # [book] 32 GB/s
         ),
         Chip(
             name="tpu7x",  # Ironwood; libtpu 0.0.52 knows "tpu7x:AxBxC"
@@ -147,6 +159,7 @@ CHIPS: dict[str, Chip] = {
             ici_links_per_chip=1,  # one logical port into the NVSwitch (12 physical links)
             torus_dims=0,
             cores_per_chip=1,
+            host_link_bandwidth=3.2e10,  # [a100] PCIe Gen4 64 GB/s both ways
         ),
         Chip(
             name="h100-sxm",
@@ -163,6 +176,7 @@ CHIPS: dict[str, Chip] = {
             # jax 0.11.2): 804.1 TFLOP/s, 2,526.7 GB/s
             measured_bf16_flops=8.041e14,
             measured_hbm_bandwidth=2.5267e12,
+            host_link_bandwidth=6.4e10,  # [h100] PCIe Gen5 128 GB/s both ways
         ),
         Chip(
             name="h200",
@@ -175,6 +189,7 @@ CHIPS: dict[str, Chip] = {
             ici_links_per_chip=1,  # one logical port into the NVSwitch (18 physical links)
             torus_dims=0,
             cores_per_chip=1,
+            host_link_bandwidth=6.4e10,  # [h200] PCIe Gen5 128 GB/s both ways
         ),
     )
 }

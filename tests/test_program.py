@@ -169,3 +169,25 @@ def test_a_replicas_sum_runs_on_the_shard_after_a_whole_all_reduce():
   assert two["all-reduce", "D"] * 16 == two["all-reduce", "X"]
   one = {(c.kind, c.axis): c.bytes_per_device for c in grads("v5e-16", 16, 1)}
   assert one == {("reduce-scatter", "X"): two["all-reduce", "X"]}
+
+
+def test_offloaded_residuals_are_host_copies_out_and_back():
+  """remat offload:qkv copies q, k and v to host memory in each layer's
+  forward and back in its backward: one device_put each way per tensor
+  per layer, the same bytes."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  cfg = PRESETS["tiny"]
+  traced = trace_probe(cfg, TrainSettings(batch=1, seq=64, remat="offload:qkv"),
+                       abstract_mesh(plan))
+  host = program.read_traced(traced).host
+  out = [h for h in host if h.to_host]
+  back = [h for h in host if not h.to_host]
+  assert len(out) == len(back) == 3
+  assert {h.phase for h in out} == {"forward"}
+  assert {h.phase for h in back} == {"backward"}
+  assert {h.count for h in host} == {cfg.n_layers}
+  assert sorted(h.bytes_per_device for h in out) == sorted(
+      h.bytes_per_device for h in back)
+  plain = trace_probe(cfg, TrainSettings(batch=1, seq=64, remat="full"),
+                      abstract_mesh(plan))
+  assert program.read_traced(plain).host == []

@@ -1,5 +1,6 @@
 """Seed 004 (c)-(d) reproduced from the traced XXL model; closed forms cross-check."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -206,3 +207,29 @@ def test_mxu_dims_are_the_per_device_k_and_n():
           if d.phase == "forward" and "/attn/" in d.source
           and d.source.split("/")[-2] in ("q", "o")}
   assert dims == {"q": (64, 32), "o": (32, 64)}
+
+
+def test_host_copies_take_the_host_link_and_only_their_excess_is_exposed():
+  """--offload=optimizer copies the moments into HBM for the update and
+  back: their bytes over the host link, each way on its own (PCIe is full
+  duplex), beside the update's own work; only what the copies take beyond
+  it adds to the step. Without offload there is no host time."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  cfg = PRESETS["gpt2"]
+  settings = TrainSettings(batch=16, seq=512, remat="full",
+                           offload=("optimizer",))
+  model = R.fit_mesh(cfg, settings, plan)
+  hw = R.Hardware.for_plan(plan)
+  assert hw.host_bandwidth == 1.5e10  # the Scaling Book's PCIe per chip
+  back, there = (sum(h.b0 * h.count for h in model.host if h.to_host == way)
+                 for way in (True, False))
+  assert back == there > 0  # the moments return as they came
+  est = R.step_estimate(model, settings.tokens, hw)
+  one_way = sum(h.b0 * h.count for h in model.host if h.to_host)
+  assert est.t_host == pytest.approx(one_way / hw.host_bandwidth)
+  slow = dataclasses.replace(hw, host_bandwidth=1e8)
+  stalled = R.step_estimate(model, settings.tokens, slow)
+  assert stalled.exposed_host > 0 and stalled.step_time == pytest.approx(
+      est.step_time - est.exposed_host + stalled.exposed_host)
+  plain = R.fit_mesh(cfg, dataclasses.replace(settings, offload=()), plan)
+  assert R.step_estimate(plain, settings.tokens, hw).t_host == 0.0

@@ -82,6 +82,7 @@ class Hardware:
   # (meshes.hardware.Chip.measured_bf16_flops); 0: flops_per_chip. MFU's
   # denominator stays flops_per_chip.
   matmul_flops: float = 0.0
+  host_bandwidth: float = 0.0  # one-way B/s to host memory; 0: not timed
 
   @property
   def time_flops(self) -> float:
@@ -98,7 +99,8 @@ class Hardware:
     return cls(flops_per_chip or chip.bf16_flops,
                link_bandwidth or chip.ici_link_bandwidth, ring, wraparound,
                chip.measured_hbm_bandwidth or chip.hbm_bandwidth,
-               flops_per_chip or chip.measured_bf16_flops)
+               flops_per_chip or chip.measured_bf16_flops,
+               chip.host_link_bandwidth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +149,19 @@ class Hbm:
 
 
 @dataclasses.dataclass(frozen=True)
+class Host:
+  """Bytes copied between host memory and HBM per device = b0 + b1·T, one
+  way (`to_host`, or back)."""
+
+  layer: str
+  phase: str
+  count: int
+  to_host: bool
+  b0: float
+  b1: float
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshModel:
   """Linear-in-tokens model of one traced mesh: cheap to evaluate at any batch."""
 
@@ -156,6 +171,7 @@ class MeshModel:
   layer_count: dict[str, int]
   seq: int
   hbm: tuple[Hbm, ...] = ()
+  host: tuple[Host, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +185,8 @@ class LayerTimes:
   threshold_tokens_global: float
   t_hbm: float = 0.0  # per instance: its fusions' HBM bytes / bandwidth
   t_matmul_hbm: float = 0.0  # per instance: `matmul_hbm_time`
+  t_host: float = 0.0  # per instance: `host_time`
+  exposed_host: float = 0.0  # per instance: the part nothing hides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +204,8 @@ class StepEstimate:
   t_hbm: float = 0.0  # memory-bound work: fusions' HBM bytes / bandwidth
   roofline_mfu: float = 0.0  # the bound: T_math and exposed comm only
   t_matmul_hbm: float = 0.0  # matmuls bound by their bytes: `matmul_hbm_time`
+  t_host: float = 0.0  # host memory copies over the host link: `host_time`
+  exposed_host: float = 0.0  # the part of t_host the layers' work leaves
 
 
 def _useful(source: str, expert_fraction: float) -> float:
@@ -252,12 +272,15 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
                      * (stage_share if d.layer != "top" else 1.0), pad,
                      float(d.hbm_bytes[0]), d.hbm_bytes[1] / tokens))
   hbm = tuple(Hbm(t.layer, t.phase, t.count, float(t.fixed),
-                  t.linear / tokens) for t in program.traffic
-)
+                  t.linear / tokens) for t in program.traffic)
+  host = tuple(Host(h.layer, h.phase, h.count, h.to_host,
+                    0.0 if carries_batch(h.shape) else h.bytes_per_device,
+                    h.bytes_per_device / tokens if carries_batch(h.shape)
+                    else 0.0) for h in program.host)
   counts: dict[str, int] = {}
-  for r in list(program.collectives) + list(program.dots) + list(hbm):
+  for r in [*program.collectives, *program.dots, *hbm, *host]:
     counts[r.layer] = max(counts.get(r.layer, 1), r.count)
-  return MeshModel(plan, tuple(terms), tuple(work), counts, seq, hbm)
+  return MeshModel(plan, tuple(terms), tuple(work), counts, seq, hbm, host)
 
 
 def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
@@ -373,6 +396,25 @@ def matmul_hbm_time(model: MeshModel, tokens: float, hw: Hardware, phases
   return out
 
 
+def host_time(model: MeshModel, tokens: float, hw: Hardware, phases
+              ) -> dict[str, float]:
+  """Per layer instance, the seconds its copies between host memory and HBM
+  take over the host link (PCIe): each way on its own, the link being full
+  duplex, the longer of the two."""
+  ways: dict = collections.defaultdict(float)
+  if not hw.host_bandwidth:
+    return {}
+  for h in model.host:
+    if h.phase in phases:
+      ways[h.layer, h.to_host] += ((h.b0 + h.b1 * tokens) * h.count
+                                   / model.layer_count[h.layer]
+                                   / hw.host_bandwidth)
+  out: dict[str, float] = collections.defaultdict(float)
+  for (layer, _), seconds in ways.items():
+    out[layer] = max(out[layer], seconds)
+  return out
+
+
 def _model_flops(model: MeshModel, tokens: float, backward: bool) -> float:
   """The work training needs, remat recompute left out: the forward, the
   input gradients (the forward again for weight matmuls, twice for those of
@@ -400,27 +442,37 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
   + T_hbm (its fusions' HBM bytes over the HBM bandwidth: norms,
   elementwise, softmax outside a fused kernel, the loss, the optimizer
   update); overlappable collectives hide behind it, TP
-  activation collectives are on the critical path. The roofline bound
-  (`roofline_mfu`) is the same without T_hbm."""
+  activation collectives are on the critical path. Copies between host
+  memory and HBM (`host_time`: offloaded residuals, parameters, optimizer
+  state) run on their own DMA engines, as XLA's asynchronous copy-start /
+  copy-done pairs, beside the layer's compute and collectives; what they
+  take beyond those is exposed. The roofline bound (`roofline_mfu`) is the
+  same without T_hbm and the host copies."""
   if pass_ not in PASSES:
     raise ValueError(f"pass={pass_!r}; valid: {', '.join(PASSES)}")
   phases = PASSES[pass_]
   plan = model.plan
   hbm = _hbm_times(model, tokens, hw, phases)
   stall = matmul_hbm_time(model, tokens, hw, phases)
+  host = host_time(model, tokens, hw, phases)
   layers, tm, tc, te, th, ts, bound = [], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+  t_host = exposed_host = 0.0
   all_global = 0.0
   times = _layer_times(model, tokens, hw, phases, plan.X, plan.Y)
-  for layer in [*times, *(l for l in hbm if l not in times)]:  # in order
+  for layer in [*times, *(l for l in [*hbm, *host] if l not in times)]:
     m0, m1, c0, c1, ov, cr, g1 = times[layer] if layer in times else [0.0] * 7
     n = model.layer_count[layer]
     t_math = m0 + m1 * tokens
     t_comm = c0 + c1 * tokens
     compute = t_math + stall.get(layer, 0.0) + hbm.get(layer, 0.0)
     exposed = cr + max(0.0, ov - compute)
+    behind = max(0.0, host.get(layer, 0.0) - compute - exposed)
     thr = _threshold(m0, m1, c0, c1) if m1 > 0 else math.inf
     layers.append(LayerTimes(layer, n, t_math, t_comm, ov, exposed, thr,
-                             hbm.get(layer, 0.0), stall.get(layer, 0.0)))
+                             hbm.get(layer, 0.0), stall.get(layer, 0.0),
+                             host.get(layer, 0.0), behind))
+    t_host += n * host.get(layer, 0.0)
+    exposed_host += n * behind
     tm += n * t_math
     tc += n * t_comm
     te += n * exposed
@@ -429,7 +481,7 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
     bound += n * (t_math + cr + max(0.0, ov - t_math))
     all_global += g1 * tokens
   model_flops = _model_flops(model, tokens, "backward" in phases)
-  step = tm + ts + th + te
+  step = tm + ts + th + te + exposed_host
   peak = plan.chips * hw.flops_per_chip
   thr = max([l.threshold_tokens_global for l in layers if l.t_math > 0] or
             [math.inf])
@@ -440,7 +492,7 @@ def step_estimate(model: MeshModel, tokens: float, hw: Hardware,
       threshold_tokens_per_device=thr / plan.data,
       threshold_tokens_global=thr, layers=tuple(layers), t_hbm=th,
       roofline_mfu=model_flops / (bound * peak) if bound > 0 else 0.0,
-      t_matmul_hbm=ts)
+      t_matmul_hbm=ts, t_host=t_host, exposed_host=exposed_host)
 
 
 def continuous_optimum(model: MeshModel, hw: Hardware, pass_: str = "step"

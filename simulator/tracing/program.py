@@ -128,12 +128,27 @@ class Traffic:
   phase: str
 
 
+@dataclasses.dataclass(frozen=True)
+class HostCopy:
+  """A value copied between host memory and HBM (a device_put across
+  memory kinds: remat offload's residuals, offloaded parameters or
+  optimizer state) per execution on one device."""
+
+  bytes_per_device: int
+  count: int
+  layer: str
+  phase: str
+  to_host: bool
+  shape: tuple[int, ...]  # global: whether the bytes carry the batch
+
+
 @dataclasses.dataclass
 class Program:
   collectives: list[Collective]
   dots: list[Dot]
   mesh_sizes: dict[str, int]
   traffic: list[Traffic] = dataclasses.field(default_factory=list)
+  host: list[HostCopy] = dataclasses.field(default_factory=list)
 
 
 def dot_result_dims(eqn) -> tuple[dict[int, int], dict[int, int]]:
@@ -327,6 +342,7 @@ class _Walker:
     self.collectives: list[Collective] = []
     self.dots: list[Dot] = []
     self.traffic: list[Traffic] = []
+    self.host: list[HostCopy] = []
     self._fusions: dict = {}
     self._summed: set = set()  # ids of records reassociation made of two
     self._keys: dict = {}  # var -> the value XLA's CSE makes it (`_key`)
@@ -504,6 +520,8 @@ class _Walker:
         continue
       if ctx["mult"] and name not in _NO_TRAFFIC:
         self._traffic(jaxpr, index, ectx)
+      if name == "device_put" and ctx["mult"] and not ctx.get("manual"):
+        self._host_copies(eqn, ectx)
       if ctx.get("manual"):
         self._manual(eqn, ectx, source, any_data, out_critical, pending)
         continue
@@ -708,6 +726,18 @@ class _Walker:
     elif eqn.primitive.name == "reduce_sum" and x in pending:
       pending[out] = pending[x]  # a sum over dims no axis splits: linear
 
+  def _host_copies(self, eqn, ctx) -> None:
+    """The values a device_put moves between host memory and HBM."""
+    from simulator.memory.xla_rules import on_host
+    for x, y in zip(eqn.invars, eqn.outvars):
+      if isinstance(x, jcore.Literal) or on_host(x.aval) == on_host(y.aval):
+        continue
+      shape = tuple(y.aval.shape)
+      self.host.append(HostCopy(
+          _local_bytes(shape, _spec(y.aval, len(shape)), y.aval.dtype,
+                       self.sizes), ctx["mult"], ctx["layer"], ctx["phase"],
+          on_host(y.aval), shape))
+
   def _manual(self, eqn, ctx, source, data, critical, pending):
     name = eqn.primitive.name
     if name == "dot_general":
@@ -856,7 +886,8 @@ def read_program(closed_jaxpr, data_invars: int, gpu: bool = False
   walker = _Walker(sizes, gpu=gpu)
   ctx = dict(mult=1, layer=None, phase="optimizer", depth=0, prefix="")
   walker.walk(jaxpr, flags, ctx)
-  return Program(walker.collectives, walker.dots, sizes, walker.traffic)
+  return Program(walker.collectives, walker.dots, sizes, walker.traffic,
+                 walker.host)
 
 
 def read_traced(traced, gpu: bool = False) -> Program:
