@@ -247,7 +247,7 @@ def _repeated(argv: list[str]) -> str | None:
 # A flag --maxtext or --config sets, by the name an experiment (the sweep)
 # may give it instead.
 _PLURAL = {"batch": "batches", "remat": "remats", "optimizer": "optimizers",
-           "shard": "shards"}
+           "shard": "shards", "dp": "dps"}
 
 
 def _set(values: dict, mapping, ignored, source: str, explicit_wins: bool
@@ -262,14 +262,17 @@ def _set(values: dict, mapping, ignored, source: str, explicit_wins: bool
       if name == "dp" and value != "1":  # the plan would change silently
         raise ValueError(f"--{source} sets dp={value} (data-parallel "
                          "replicas), which this experiment does not take; "
-                         "use compute_bound, memory_report or validate")
+                         "use compute_bound, memory_report, validate or "
+                         "mesh_sweep")
       continue
     if f[flag].present:
+      given = f[flag].value
+      given = ",".join(map(str, given)) if isinstance(given, list) else given
       if explicit_wins:
-        lines.append(f"{source}: --{flag}={f[flag].value} given explicitly "
+        lines.append(f"{source}: --{flag}={given} given explicitly "
                      f"wins over {value}")
         continue
-      raise ValueError(f"--{flag}={f[flag].value} and --{source} (which sets "
+      raise ValueError(f"--{flag}={given} and --{source} (which sets "
                        f"--{flag}={value}) are both given; give one")
     f[flag].parse(value)
   if ignored:

@@ -69,6 +69,9 @@ def define_flags() -> None:
   cli.define_vision_flags()
   flags.DEFINE_list("pps", ["1"], "pipeline stages to sweep (a mesh axis P "
                     "outermost, P x X x Y = chips; models.pipeline)")
+  flags.DEFINE_list("dps", ["1"], "data-parallel replicas to sweep (a mesh "
+                    "axis D outermost, D x X x Y = chips: the batch over D x "
+                    "X, the weights over X alone; each with pp = 1)")
   flags.DEFINE_integer("microbatches", 1, "with pp > 1: micro-batches of "
                        "batch/microbatches sequences through the stages")
   flags.DEFINE_enum("schedule", "gpipe", list(S.SCHEDULES), "with pp > 1: "
@@ -119,7 +122,8 @@ def spec_from_flags():
       images_per_sample=FLAGS.images_per_sample, image_size=FLAGS.image_size,
       patch_size=FLAGS.patch_size, train_vision=FLAGS.train_vision,
       vision_sharding=FLAGS.vision_sharding,
-      pps=_ints("pps", FLAGS.pps), microbatches=FLAGS.microbatches,
+      pps=_ints("pps", FLAGS.pps), dps=_ints("dps", FLAGS.dps),
+      microbatches=FLAGS.microbatches,
       schedule=FLAGS.schedule, hbm_fraction=FLAGS.hbm_fraction)
 
 

@@ -67,14 +67,14 @@ def memory_breakdown(records: list[Mapping[str, Any]], hbm_bytes: int
   return _image(fig)
 
 
-def _row(r: Mapping[str, Any]) -> tuple[int, int]:
-  """A record's heatmap row: (pipeline stages P, X); P·X·Y is the chips,
-  so the pair names the mesh."""
-  return r.get("P", 1), r["X"]
+def _row(r: Mapping[str, Any]) -> tuple[int, int, int]:
+  """A record's heatmap row: (pipeline stages P, replicas D, X); P·D·X·Y
+  is the chips, so the three name the mesh."""
+  return r.get("P", 1), r.get("D", 1), r["X"]
 
 
 def mfu_grid(records: list[Mapping[str, Any]]):
-  """((P, X) rows, batches, best MFU per cell (NaN: no plan), whether that
+  """((P, D, X) rows, batches, best MFU per cell (NaN: no plan), whether that
   plan fits)."""
   xs = sorted({_row(r) for r in records})
   bs = sorted({r["batch"] for r in records})
@@ -109,7 +109,8 @@ def mfu_heatmap(records: list[Mapping[str, Any]]) -> Image.Image:
   ax.set_yticks(range(len(xs)), [record_mesh(next(
       r for r in records if _row(r) == row)) for row in xs])
   ax.set_xlabel("global batch (sequences)")
-  ax.set_ylabel("mesh X x Y (PpxXxY with pipeline stages)")
+  ax.set_ylabel("mesh X x Y (PpxXxY with pipeline stages, DdxXxY with "
+                "replicas)")
   ax.set_title("Best predicted MFU per mesh and batch\n'no plan': every "
                "config there failed (see the ranked table)", fontsize=9)
   return _image(fig)

@@ -145,7 +145,7 @@ class MetricsWriter:
 # --------------------------------------------------------------------------
 
 SWEEP_HPARAMS = ("model", "topology", "mesh", "X", "Y", "batch", "remat",
-                 "shard", "optimizer", "P")
+                 "shard", "optimizer", "P", "D")
 # metric tag -> (record field, scale, description)
 SWEEP_METRICS = {  # TensorBoard's HParams shows the first five by default
     "memory/peak_gib": ("peak_bytes", 1 / GiB, "estimated peak GiB per device"),
@@ -169,13 +169,13 @@ SWEEP_METRICS = {  # TensorBoard's HParams shows the first five by default
     # in the ranked table and results.jsonl.
 }
 # TensorBoard shows a numeric hparam as "16.000": counts are written as text.
-_COUNT_HPARAMS = ("X", "Y", "batch", "P")
+_COUNT_HPARAMS = ("X", "Y", "batch", "P", "D")
 
 
 def _hparam(r: Mapping[str, Any], name: str) -> Any:
   if name == "mesh":
     return record_mesh(r)
-  value = r.get(name, 1) if name == "P" else r[name]  # P: pipeline stages
+  value = r.get(name, 1) if name in ("P", "D") else r[name]  # stages, replicas
   return str(value) if name in _COUNT_HPARAMS else value
 
 

@@ -42,7 +42,8 @@ from simulator.step import (PlanError, check_model_settings, check_pipeline,
                             check_seq, with_images)
 from simulator.tracing.trace import trace_probe
 
-KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer", "P")
+KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer", "P", "D")
+_OUTER = ("P", "D")  # fields a record from before them lacks: 1
 # Per-record memory: what is live at the peak, and the planning overhead.
 CATEGORIES = (*memory.PEAK_CATEGORIES, "overhead")
 
@@ -56,6 +57,7 @@ class Config:
   shard: str
   optimizer: str
   P: int = 1  # pipeline stages (the mesh's third axis, meshes.layout)
+  D: int = 1  # data-parallel replicas (a third axis too; not with P)
 
   @property
   def key(self) -> tuple:
@@ -63,21 +65,25 @@ class Config:
 
   @property
   def trace_key(self) -> tuple:
-    return (self.X, self.Y, self.remat, self.shard, self.optimizer, self.P)
+    return (self.X, self.Y, self.remat, self.shard, self.optimizer, self.P,
+            self.D)
 
   def label(self) -> str:
-    return (f"{mesh_name(self.X, self.Y, self.P)} b{self.batch} {self.remat} "
-            f"{self.shard} {self.optimizer}")
+    return (f"{mesh_name(self.X, self.Y, self.P, self.D)} b{self.batch} "
+            f"{self.remat} {self.shard} {self.optimizer}")
 
 
 def record_key(record: dict) -> tuple:
-  """A record's Config fields (a record from before pipeline stages: P=1)."""
-  return tuple(record.get(f, 1) if f == "P" else record[f] for f in KEY_FIELDS)
+  """A record's Config fields (a record from before pipeline stages or
+  replicas: P=1, D=1)."""
+  return tuple(record.get(f, 1) if f in _OUTER else record[f]
+               for f in KEY_FIELDS)
 
 
 def record_mesh(record: dict) -> str:
-  """'XxY', or 'PpxXxY' with pipeline stages."""
-  return mesh_name(record["X"], record["Y"], record.get("P", 1))
+  """'XxY', 'P2xXxY' with pipeline stages, 'D2xXxY' with replicas."""
+  return mesh_name(record["X"], record["Y"], record.get("P", 1),
+                   record.get("D", 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +115,7 @@ class SweepSpec:
   train_vision: bool = False
   vision_sharding: str = "sharded"
   pps: tuple[int, ...] = (1,)  # pipeline stages to sweep (models.pipeline)
+  dps: tuple[int, ...] = (1,)  # data-parallel replicas to sweep (--dp)
   microbatches: int = 1  # with pp > 1
   schedule: str = "gpipe"
   # Each plan's largest batch is the largest whose peak stays within this
@@ -118,17 +125,18 @@ class SweepSpec:
   def validate(self) -> tuple[ModelConfig, Topology]:
     """Raises ValueError naming the bad value, before any tracing."""
     cfg, topo = load_model(self.model), parse_topology(self.topology)
-    for name in ("batches", "remats", "shards", "optimizers", "pps"):
+    for name in ("batches", "remats", "shards", "optimizers", "pps", "dps"):
       if not getattr(self, name):
         raise ValueError(f"{name} is empty; give at least one value")
     check_hbm_fraction(self.hbm_fraction)
     for b in self.batches:
       if not isinstance(b, int) or b <= 0:
         raise ValueError(f"batch {b!r} must be a positive integer")
-    for p in self.pps:
-      if not isinstance(p, int) or p <= 0 or topo.chips % p:
-        raise ValueError(f"pp {p!r} must be a positive divisor of "
-                         f"{topo.name}'s {topo.chips} chips")
+    for name, values in (("pp", self.pps), ("dp", self.dps)):
+      for p in values:
+        if not isinstance(p, int) or p <= 0 or topo.chips % p:
+          raise ValueError(f"{name} {p!r} must be a positive divisor of "
+                           f"{topo.name}'s {topo.chips} chips")
     multiple = self.whole_micro_batches
     for r in self.remats:
       for s in self.shards:
@@ -140,7 +148,7 @@ class SweepSpec:
     check_seq(with_images(cfg, first), first)
     check_model_settings(cfg, first)
     for x, y in self.meshes or ():
-      if not any(x * y * p == topo.chips for p in self.pps):
+      if not any(x * y * p * d == topo.chips for p, d in self.outer_sizes):
         plan_mesh(topo, x, y)  # its one-line error names the valid meshes
     return cfg, topo
 
@@ -158,17 +166,23 @@ class SweepSpec:
                           "remat": remat, "shard": shard,
                           "optimizer": optimizer, **staged})
 
-  def meshes_for(self, topo: Topology, pp: int) -> list[tuple[int, int]]:
-    """The X x Y meshes of `pp` stages: --mesh's where P·X·Y is the chips,
-    else every X x Y whose P·X x Y mesh lays out (meshes.layout)."""
+  @property
+  def outer_sizes(self) -> list[tuple[int, int]]:
+    """The (stages, replicas) swept: a plan has one or the other."""
+    return [(p, d) for p in self.pps for d in self.dps if p == 1 or d == 1]
+
+  def meshes_for(self, topo: Topology, outer: int) -> list[tuple[int, int]]:
+    """The X x Y meshes under an outer axis of `outer` (stages or
+    replicas): --mesh's where outer·X·Y is the chips, else every X x Y
+    whose outer·X x Y mesh lays out (meshes.layout)."""
     if self.meshes:
-      return [(x, y) for x, y in self.meshes if x * y * pp == topo.chips]
-    return [(x // pp, y) for x, y in mesh_shapes(topo) if x % pp == 0]
+      return [(x, y) for x, y in self.meshes if x * y * outer == topo.chips]
+    return [(x // outer, y) for x, y in mesh_shapes(topo) if x % outer == 0]
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""
-    return [Config(x, y, b, r, s, o, p) for p in self.pps
-            for x, y in self.meshes_for(topo, p) for s in self.shards
+    return [Config(x, y, b, r, s, o, p, d) for p, d in self.outer_sizes
+            for x, y in self.meshes_for(topo, p * d) for s in self.shards
             for o in self.optimizers for r in self.remats for b in self.batches]
 
 
@@ -194,7 +208,7 @@ class _Estimator:
       self.base_memory = memory.estimate_memory(traced, plan)
     self.hardware = roofline.Hardware.for_plan(plan)
     self.seq = settings.seq
-    self.batch_step = plan.X * settings.batch_splits  # whole micro-batches
+    self.batch_step = plan.data * settings.batch_splits  # whole micro-batches
     self._largest: dict[float, int] = {}
 
   def largest_batch(self, fraction: float) -> int:
@@ -279,13 +293,13 @@ class Sweep:
 
   def _estimator(self, c: Config):
     if c.trace_key not in self._estimators:
-      build_key = (c.X, c.Y, c.shard, c.optimizer, c.P)
+      build_key = (c.X, c.Y, c.shard, c.optimizer, c.P, c.D)
       if build_key in self._build_errors:
         self._estimators[c.trace_key] = ValueError(self._build_errors[build_key])
       else:
-        plan = plan_mesh(self.topo, c.X, c.Y, P=c.P)
+        plan = plan_mesh(self.topo, c.X, c.Y, P=c.P, D=c.D)
         # Any valid batch: trace_probe replaces it with the probe batch.
-        settings = self.spec.settings(c.X * self.spec.whole_micro_batches,
+        settings = self.spec.settings(c.D * c.X * self.spec.whole_micro_batches,
                                       c.remat, c.shard, c.optimizer, c.P)
         try:
           with _gc_paused():
@@ -304,7 +318,7 @@ class Sweep:
     ambiguous cannot be read at some meshes that another can)."""
     group = (c.remat, c.shard, c.optimizer,
              mesh_class.class_key(self.cfg, settings, plan)
-             if self.share_traces else (c.X, c.Y, c.P))
+             if self.share_traces else (c.X, c.Y, c.P, c.D))
     for traced, traced_plan in self._classes.get(group, ()):
       try:
         with self._timed("estimate"):
@@ -346,14 +360,16 @@ class Sweep:
     record.update(model=self.cfg.name, topology=self.topo.name, seq=self.spec.seq,
                   tokens=c.batch * self.spec.seq)
     try:
-      if c.batch % c.X:
-        raise ValueError(f"batch {c.batch} is not divisible by X={c.X}; "
-                         f"the batch is sharded over X")
+      shards, over = ((c.X, f"X={c.X}") if c.D == 1 else
+                      (c.D * c.X, f"D x X={c.D * c.X}"))
+      if c.batch % shards:
+        raise ValueError(f"batch {c.batch} is not divisible by {over}; "
+                         f"the batch is sharded over it")
       m, flag = ((self.spec.microbatches, "microbatches") if c.P > 1 else
                  (self.spec.grad_accum, "grad_accum"))
-      if c.batch % (c.X * m):
-        raise ValueError(f"batch {c.batch} is not divisible by X={c.X} x "
-                         f"{flag}={m}; each micro-batch is sharded over X")
+      if c.batch % (shards * m):
+        raise ValueError(f"batch {c.batch} is not divisible by {over} x "
+                         f"{flag}={m}; each micro-batch is sharded over it")
       est = self._estimator(c)
       if isinstance(est, Exception):
         raise est
@@ -417,7 +433,8 @@ def recommendation(ranked: list[dict], fraction: float = HBM_FRACTION) -> str:
   thr_text = (f"; compute-bound from {thr:,.0f} tokens per step"
               if thr is not None else "; never compute-bound on this mesh")
   stages = (f", {best['P']} pipeline stages on P" if best.get("P", 1) > 1
-            else "")
+            else f", {best['D']} data-parallel replicas on D"
+            if best.get("D", 1) > 1 else "")
   text = (f"recommended: mesh {record_mesh(best)} (X FSDP, Y tensor{stages}), batch "
           f"{best['batch']}, remat {best['remat']}, {best['shard']}, "
           f"{best['optimizer']}: fits at {best['peak_bytes'] / GiB:.1f} of "
@@ -485,7 +502,8 @@ def compiled_peak_bytes(cfg: ModelConfig, settings: TrainSettings,
   """The compiler's per-device peak for the step on the real topology (libtpu)."""
   from simulator.xla import compiled
   report = compiled.compile_report(cfg, settings, plan.topology.name, plan.X,
-                                   plan.Y, progress=None)  # P: settings.pp
+                                   plan.Y, progress=None,
+                                   D=plan.D)  # P: settings.pp
   return int(report.peak_bytes)
 
 
@@ -501,14 +519,14 @@ def compile_job(sweep: Sweep, record: dict) -> tuple:
   c = Config(*record_key(record))
   return (sweep.cfg, sweep.spec.settings(c.batch, c.remat, c.shard,
                                          c.optimizer, c.P), sweep.topo.name,
-          c.X, c.Y)
+          c.X, c.Y, c.D)
 
 
 def run_compile_job(cfg: ModelConfig, settings: TrainSettings, topology: str,
-                    x: int, y: int) -> dict:
+                    x: int, y: int, d: int = 1) -> dict:
   """compile_result for a compile_job (module level: a worker runs it)."""
   return compile_result(cfg, settings, plan_mesh(parse_topology(topology), x,
-                                                 y, P=settings.pp))
+                                                 y, P=settings.pp, D=d))
 
 
 def keep_confirmation(sweep: Sweep, record: dict, result: dict) -> None:

@@ -97,3 +97,16 @@ def test_bad_input_is_one_line_exit_2(flags, message):
   assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
   assert message in out.stderr
 
+
+
+def test_a_maxtext_run_with_replicas_is_refused_not_dropped():
+  """describe lays out no replicas: a --maxtext run that sets them (each
+  slice a replica, base.yml's dcn_data_parallelism=-1) is one line, exit 2,
+  naming the experiments that take them."""
+  r = describe("--topology=v5e-16x2",
+               "--maxtext=model_name=tiny per_device_batch_size=1")
+  assert r.returncode == 2 and "Traceback" not in r.stderr
+  assert r.stderr.strip().splitlines()[-1] == (
+      "error: --maxtext sets dp=2 (data-parallel replicas), which this "
+      "experiment does not take; use compute_bound, memory_report, validate "
+      "or mesh_sweep")

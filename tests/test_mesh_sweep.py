@@ -149,8 +149,8 @@ def _cli(*args):
     (["--capacity_factor=1.25"], "has no mixture of experts"),
     (["--target_seq=64"], "has no encoder"),
     (["--topology=v5e-16x2", "--maxtext=model_name=tiny "
-      "per_device_batch_size=1"], "sets dp=2 (data-parallel replicas), which "
-     "this experiment does not take"),
+      "per_device_batch_size=1", "--dps=1"], "--dps=1 and --maxtext (which "
+     "sets --dps=2) are both given"),
 ])
 def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
   p = _cli(*args, f"--logdir={tmp_path}")

@@ -178,3 +178,37 @@ def test_gradient_accumulation_sweeps_whole_micro_batches():
       load_model("tiny"), TrainSettings(batch=16, seq=64, grad_accum=4),
       plan_mesh(parse_topology("v5p-8"), 2, 2))
   assert records[16]["peak_bytes"] == direct.per_device_bytes["peak"]
+
+
+def test_replicas_are_swept_as_a_third_axis_and_match_a_direct_estimate():
+  """--dps=1,2 on two slices: each X x Y mesh of D·X·Y = chips, never with
+  pipeline stages; a replica plan's record is what memory_report and
+  compute_bound give for it, its batch split over D x X."""
+  from meshes.layout import plan_mesh
+  from meshes.topology import parse_topology
+  from models.registry import load_model
+  from simulator import memory
+  from simulator.settings import TrainSettings
+  from simulator.timing import roofline
+  spec = search.SweepSpec(model="tiny", topology="v5e-16x2", batches=(32,),
+                          seq=64, pps=(1, 2), dps=(1, 2),
+                          meshes=((16, 1),))
+  sweep = search.Sweep(spec)
+  configs = spec.configs(sweep.topo)
+  assert {(c.X, c.P, c.D) for c in configs} == {(16, 1, 2), (16, 2, 1)}
+  r = next(sweep.evaluate(c for c in configs if c.D == 2))
+  assert (r["D"], search.record_mesh(r), r["status"]) == (2, "D2x16x1", "ok")
+  plan = plan_mesh(parse_topology("v5e-16x2"), 16, 1, D=2)
+  settings = TrainSettings(batch=32, seq=64)
+  est = memory.memory_report(load_model("tiny"), settings, plan)
+  assert r["peak_bytes"] == est.per_device_bytes["peak"]
+  step = roofline.step_estimate(
+      roofline.fit_mesh(load_model("tiny"), settings, plan), 32 * 64,
+      roofline.Hardware.for_plan(plan))
+  assert r["step_time_s"] == pytest.approx(step.step_time)
+  odd = next(sweep.evaluate([search.Config(16, 1, 16, "full", "zero3",
+                                           "adamw", 1, 2)]))
+  assert "not divisible by D x X=32" in odd["error"]
+  with pytest.raises(ValueError, match="dp 3 must be a positive divisor"):
+    search.SweepSpec(model="tiny", topology="v5e-16x2", batches=(32,),
+                     dps=(3,)).validate()

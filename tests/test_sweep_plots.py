@@ -27,7 +27,7 @@ def test_bars_stack_to_the_planned_peak():
 
 def test_heatmap_cells_best_mfu_and_no_plan():
   xs, bs, grid, fits = sweep_plots.mfu_grid(_records())
-  assert xs == [(1, 1), (1, 2), (1, 4)] and bs == [8, 16]
+  assert xs == [(1, 1, 1), (1, 1, 2), (1, 1, 4)] and bs == [8, 16]
   assert math.isclose(grid[1, 1], 0.2 + 0.016) and fits[1, 1]
   assert not fits[0, 0]
   assert all(math.isnan(v) for v in grid[2])  # X=4 only failed

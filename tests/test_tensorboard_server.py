@@ -79,7 +79,7 @@ def test_server_serves_runs_scalars_hparams_and_text(tmp_path):
     for g in groups["sessionGroups"]:
       h = g["hparams"]
       key = (int(h["X"]), int(h["Y"]), int(h["batch"]), h["remat"], h["shard"],
-             h["optimizer"], int(h["P"]))
+             h["optimizer"], int(h["P"]), int(h["D"]))
       got[key] = {m["name"]["tag"]: m["value"] for m in g.get("metricValues", [])}
     assert set(got) == {search.record_key(r) for r in ok}
     for r in ok:
@@ -90,7 +90,7 @@ def test_server_serves_runs_scalars_hparams_and_text(tmp_path):
                                                      rel=1e-6)
     hparams = groups["sessionGroups"][0]["hparams"]
     assert all(isinstance(hparams[k], str) and hparams[k].isdigit()
-               for k in ("X", "Y", "batch", "P"))  # "16", not "16.000"
+               for k in ("X", "Y", "batch", "P", "D"))  # "16", not "16.000"
     assert {"model", "topology", "mesh"} <= set(hparams)
     assert hparams["model"] == "tiny" and "x" in hparams["mesh"]
   finally:
