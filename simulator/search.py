@@ -360,16 +360,16 @@ class Sweep:
     record.update(model=self.cfg.name, topology=self.topo.name, seq=self.spec.seq,
                   tokens=c.batch * self.spec.seq)
     try:
-      shards, over = ((c.X, f"X={c.X}") if c.D == 1 else
-                      (c.D * c.X, f"D x X={c.D * c.X}"))
+      shards, axes = (c.X, "X") if c.D == 1 else (c.D * c.X, "D x X")
       if c.batch % shards:
-        raise ValueError(f"batch {c.batch} is not divisible by {over}; "
-                         f"the batch is sharded over it")
+        raise ValueError(f"batch {c.batch} is not divisible by {axes}="
+                         f"{shards}; the batch is sharded over {axes}")
       m, flag = ((self.spec.microbatches, "microbatches") if c.P > 1 else
                  (self.spec.grad_accum, "grad_accum"))
       if c.batch % (shards * m):
-        raise ValueError(f"batch {c.batch} is not divisible by {over} x "
-                         f"{flag}={m}; each micro-batch is sharded over it")
+        raise ValueError(f"batch {c.batch} is not divisible by {axes}="
+                         f"{shards} x {flag}={m}; each micro-batch is "
+                         f"sharded over {axes}")
       est = self._estimator(c)
       if isinstance(est, Exception):
         raise est
