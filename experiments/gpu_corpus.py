@@ -383,6 +383,10 @@ CASES: list[Case] = [
     # compiling: 23.82 GiB.
     Case("llama3_8b", "h100:8", "8x1", 16, 4096,
          "offload:decoder_layer_input,qkv,out_proj", "adamw", GC),
+    # Held out in session 29: data-parallel replicas across hosts (--dp,
+    # hybrid sharding), whose rules were read off TPU compiles only.
+    Case("llama2_7b", "h100:2x8", "D2x8x1", 32, 2048, "full", "adamw", GC),
+    Case(QWEN2_0_5B, "h100:2x8", "D2x4x2", 64, 1024, "full", "adamw", GC),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:
