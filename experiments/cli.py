@@ -262,8 +262,8 @@ def _set(values: dict, mapping, ignored, source: str, explicit_wins: bool
       if name == "dp" and value != "1":  # the plan would change silently
         raise ValueError(f"--{source} sets dp={value} (data-parallel "
                          "replicas), which this experiment does not take; "
-                         "use compute_bound, memory_report, validate or "
-                         "mesh_sweep")
+                         "memory_report, compute_bound, validate, max_batch, "
+                         "describe and mesh_sweep do")
       continue
     if f[flag].present:
       given = f[flag].value

@@ -26,6 +26,8 @@ cli.define_moe_flags()
 cli.define_vision_flags()
 flags.DEFINE_integer("pp", 1, "pipeline stages on a mesh axis P outermost "
                      "(P x X x Y = chips); each holds n_layers/pp layers")
+flags.DEFINE_integer("dp", 1, "data-parallel replicas on a mesh axis D "
+                     "outermost (D x X x Y = chips): the weights over X alone")
 FLAGS = flags.FLAGS
 
 

@@ -99,14 +99,16 @@ def test_bad_input_is_one_line_exit_2(flags, message):
 
 
 
-def test_a_maxtext_run_with_replicas_is_refused_not_dropped():
-  """describe lays out no replicas: a --maxtext run that sets them (each
-  slice a replica, base.yml's dcn_data_parallelism=-1) is one line, exit 2,
-  naming the experiments that take them."""
+def test_replicas_hold_their_x_shard_of_every_weight():
+  """--dp (or a --maxtext run on two slices, base.yml's
+  dcn_data_parallelism=-1 making each slice a replica) lays out D x X x Y:
+  each weight over X alone, twice the per-device bytes of X over all 32."""
   r = describe("--topology=v5e-16x2",
-               "--maxtext=model_name=tiny per_device_batch_size=1")
-  assert r.returncode == 2 and "Traceback" not in r.stderr
-  assert r.stderr.strip().splitlines()[-1] == (
-      "error: --maxtext sets dp=2 (data-parallel replicas), which this "
-      "experiment does not take; use compute_bound, memory_report, validate "
-      "or mesh_sweep")
+               "--maxtext=model_name=tiny per_device_batch_size=1",
+               "--format=json")
+  assert r.returncode == 0, r.stderr
+  replicas = json.loads(r.stdout)
+  flat = json.loads(describe("--model=tiny", "--topology=v5e-16x2",
+                             "--mesh=32x1", "--format=json").stdout)
+  assert (replicas["mesh"]["D"], replicas["mesh"]["X"]) == (2, 16)
+  assert replicas["per_device_param_bytes"] == 2 * flat["per_device_param_bytes"]
