@@ -12,7 +12,7 @@ from experiments import gpu_corpus
 from experiments import validation_matrix as vm
 from experiments.gpu_corpus import CASES, GPU_CORPUS_JSONL, GPU_PARTS
 from experiments.validation_corpus import Case
-from meshes.layout import parse_mesh
+from meshes.layout import parse_mesh_name
 from meshes.topology import parse_topology
 from simulator.xla import crosscheck
 
@@ -53,8 +53,11 @@ def test_both_parts_span_meshes_remats_and_gpus():
     assert len({c.remat.split(":")[0] for c in of}) >= 2, part
     assert any(c.optimizer != "adamw" or c.shard != defaults["shard"]
                for c in of), part
-  assert any(parse_mesh(c.mesh)[1] == parse_topology(c.topology).chips_per_host
+  assert any(parse_mesh_name(c.mesh)[1] == parse_topology(c.topology).chips_per_host
              for c in CASES if c.part == "gpu-check")
+  for c in CASES:  # every mesh (with its replicas and stages) uses every GPU
+    x, y, d = parse_mesh_name(c.mesh)
+    assert x * y * d * c.pp == parse_topology(c.topology).chips, c.label()
 
 
 def _doc_rows() -> dict[int, dict[str, str]]:
