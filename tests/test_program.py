@@ -171,6 +171,22 @@ def test_a_replicas_sum_runs_on_the_shard_after_a_whole_all_reduce():
   assert one == {("reduce-scatter", "X"): two["all-reduce", "X"]}
 
 
+def test_a_replicas_sum_is_on_the_shard_where_the_step_keeps_it_whole():
+  """zero1 keeps the gradients whole over X (its optimizer state is
+  sharded): XLA still sums over D only the 1/X shard (llama2_7b v5p-32x2
+  D2x8x2 zero1, corpus #294: 0.82 GiB over D a step for 6.40 GiB of
+  gradients over X = 8)."""
+  plan = plan_mesh(parse_topology("v5e-16x2"), 16, 1, D=2)
+  traced = trace_probe(PRESETS["tiny"], TrainSettings(batch=1, seq=64,
+                                                      shard="zero1"),
+                       abstract_mesh(plan))
+  wo = {(c.kind, c.axis): c.bytes_per_device
+        for c in program.read_traced(traced).collectives
+        if c.source.startswith("blocks/mlp/wo/") and c.phase == "backward"}
+  assert set(wo) == {("all-reduce", "X"), ("all-reduce", "D")}
+  assert wo["all-reduce", "D"] * 16 == wo["all-reduce", "X"]
+
+
 def test_offloaded_residuals_are_host_copies_out_and_back():
   """remat offload:qkv copies q, k and v to host memory in each layer's
   forward and back in its backward: one device_put each way per tensor

@@ -30,7 +30,7 @@ per-hop latencies. `collective_cost` picks the model for the topology.
 
 Data-parallel replicas (mesh axis D, meshes.layout) are laid out as stages
 are: their sums (the gradients', on each device's shard: simulator.tracing.
-program._sum_scattered) are rings over one physical axis without wraparound
+program._replicas_sum_on_shard) are rings over one physical axis without wraparound
 inside a slice, and across slices the DCN ring over the slices.
 
 Pipeline stages (mesh axis P, meshes.layout): a stage's send to the next

@@ -635,8 +635,7 @@ class _Walker:
                    source, data, critical)
       elif dd and not sd:
         recs = pending.get(x, ())
-        if _over_replicas(recs):
-          _sum_scattered(recs, a, self.sizes[a])
+        if _over_replicas(recs):  # `_replicas_sum_on_shard`
           continue
         for rec in recs:
           if rec.axis == a and rec.kind == "all-reduce":
@@ -695,13 +694,15 @@ class _Walker:
       if a in unred:
         continue
       kind = ("reduce-scatter" if a in rs_axes and REPLICA_AXIS not in partial
-              else "all-reduce")  # `_sum_scattered`
+              else "all-reduce")  # `_replicas_sum_on_shard`
       spec = tuple(tuple(b for b in axes if b != a) for axes in Os)
       r = self._emit(ctx, kind, a, osh, spec, out.aval.dtype, source,
                      any(in_data), critical)
       if r is not None:
         recs.append(r)
     if recs:
+      _replicas_sum_on_shard(recs, any("X" in axes for axes in Os),
+                             self.sizes.get("X", 1))
       pending[out] = recs
 
   def _reduce(self, eqn, ctx, source, data, critical, pending):
@@ -772,8 +773,10 @@ class _Walker:
     recs = [self._emit(ctx, kinds[name], a, shape, ((),) * len(shape),
                        aval.dtype, source, data, critical, nbytes=nbytes)
             for a in axes]
-    if _over_replicas([r for r in recs if r]):  # `_sum_scattered`
-      pending[eqn.outvars[0]] = [r for r in recs if r]
+    recs = [r for r in recs if r]
+    if _over_replicas(recs):
+      _replicas_sum_on_shard(recs, False, self.sizes.get("X", 1))
+      pending[eqn.outvars[0]] = recs
 
 
 def _readers(jaxpr) -> dict:
@@ -794,18 +797,24 @@ def _over_replicas(recs) -> bool:
   return any(r.axis == REPLICA_AXIS and r.kind == "all-reduce" for r in recs)
 
 
-def _sum_scattered(recs, axis: str, size: int) -> None:
-  """A sum over the replicas (D) and `axis` that the step then scatters over
-  `axis`: XLA all-reduces the whole value over `axis` (no reduce-scatter)
-  and then the shard each device keeps over D. qwen2-0.5b v5e-16x2
-  D2x16x1 (README, "Data-parallel replicas"): all-reduce.122 of a layer's
+def _replicas_sum_on_shard(recs, sharded_over_x: bool, x: int) -> None:
+  """A sum over the replicas (D) and X: XLA sums over D only the 1/X shard
+  of the value, around it the sum over X (an all-reduce of the whole, or
+  a reduce-scatter and an all-gather: the same ring time), whether or not
+  the step then keeps the value scattered over X; the sum over X stays an
+  all-reduce where the step scatters it. qwen2-0.5b v5e-16x2 D2x16x1
+  (#290; README, "Data-parallel replicas"): all-reduce.122 of a layer's
   gradients, 29.8 MB, over the slice's 16 devices, then MegaScale
-  ALL_REDUCE sends of 544,768 bytes (an MLP weight's 1/16) over DCN."""
+  ALL_REDUCE sends of 544,768 bytes (an MLP weight's 1/16) over DCN;
+  llama2_7b v5p-32x2 D2x8x2 zero1 (#294, gradients kept whole over X):
+  0.82 GiB over D a step, the gradients' 6.40 GiB over 8. `sharded_over_x`:
+  the recs' value is already the X shard."""
+  if sharded_over_x or not any(r.axis == "X" for r in recs):
+    return
   for rec in recs:
     if rec.axis == REPLICA_AXIS and rec.kind == "all-reduce":
-      rec.bytes_per_device //= size
-      rec.x_exp += axis == "X"
-      rec.y_exp += axis == "Y"
+      rec.bytes_per_device //= x
+      rec.x_exp += 1
 
 
 def _round_trip(v, axis: str, dims: set, readers: dict) -> bool:
