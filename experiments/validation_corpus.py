@@ -735,6 +735,7 @@ CASES: list[Case] = [
     Case(QWEN2_0_5B, "v5e-32", "D2x16x1", 64, 1024, "full", "adamw"),
     Case("llama2_7b", "v5p-16x2", "D2x8x1", 32, 2048, "full", "adamw", C),
     Case(GEMMA_2B, "v5e-16x2", "D2x8x2", 32, 2048, "full", "adamw", C),
-    Case("llama2_7b", "v5p-32x2", "D2x8x2", 64, 4096, "dots", "adamw", C,
+    # #294 held out, then the shard rule's for a sum kept whole over X.
+    Case("llama2_7b", "v5p-32x2", "D2x8x2", 64, 4096, "dots", "adamw",
          shard="zero1", precision="bf16"),
 ]
