@@ -374,15 +374,23 @@ def model_and_plan():
   f = flags.FLAGS
   cfg = load_model(f.model)
   topology = parse_topology(f.topology)
-  pp, dp = (f[k].value if k in f else 1 for k in ("pp", "dp"))
-  for flag, n, what in (("pp", pp, "stages"), ("dp", dp, "replicas")):
-    if n <= 0:
-      raise ValueError(f"{flag}={n} must be a positive number of {what}")
-    if topology.chips % n:
-      raise ValueError(f"{flag}={n} does not divide {topology.name}'s "
-                       f"{topology.chips} chips")
+  pp, dp = outer_size("pp", topology), outer_size("dp", topology)
   x, y = parse_mesh(f.mesh) if f.mesh else (topology.chips // pp // dp, 1)
   return cfg, plan_mesh(topology, x, y, P=pp, D=dp)
+
+
+def outer_size(flag: str, topology) -> int:
+  """--pp or --dp (1 where the experiment has no such flag): a positive
+  divisor of the topology's chips, or a one-line ValueError."""
+  f = flags.FLAGS
+  n = f[flag].value if flag in f else 1
+  if n <= 0:
+    raise ValueError(f"{flag}={n} must be a positive number of "
+                     f"{'stages' if flag == 'pp' else 'replicas'}")
+  if topology.chips % n:
+    raise ValueError(f"{flag}={n} does not divide {topology.name}'s "
+                     f"{topology.chips} chips")
+  return n
 
 
 def settings_line(name: str, settings: S.TrainSettings, cfg=None) -> str:

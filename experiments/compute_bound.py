@@ -54,10 +54,7 @@ def main(argv):
   topo = parse_topology(f.topology)
   settings = cli.train_settings()
   chosen = parse_mesh(f.mesh) if f.mesh else None
-  dp = f.dp
-  if dp <= 0 or topo.chips % dp:
-    raise ValueError(f"dp={dp} must be a positive divisor of "
-                     f"{topo.name}'s {topo.chips} chips")
+  dp = cli.outer_size("dp", topo)
   if chosen:
     plan_mesh(topo, *chosen, f.m_x, f.m_y, D=dp)  # validates
   wrap = {"auto": None, "yes": True, "no": False}[f.wraparound]

@@ -10,8 +10,9 @@ wraparound there: its ring is a line, which roughly doubles ring-collective time
 Over several hosts (GPU nodes, TPU slices: `Topology.hosts`) Y stays inside a host
 where it fits (tensor parallelism on NVLink / ICI, as everyone runs it) and X spans
 the hosts: MaxText's `dcn_fsdp_parallelism` = hosts with `ici_tensor_parallelism`
-= Y (its `dcn_data_parallelism` is the replicas D, below). A Y larger than a host takes whole hosts (`y_hosts`) and X the rest
-(`x_hosts`); the axes' physical layout inside a host is the single-host one.
+= Y (its `dcn_data_parallelism` is the replicas D, below). A Y larger than a
+host takes whole hosts (`y_hosts`) and X the rest (`x_hosts`); the axes'
+physical layout inside a host is the single-host one.
 
 Pipeline stages (`P` > 1, --pp) are a third mesh axis, outermost, as MaxText
 lays `stage` first in its mesh and Megatron puts pipeline ranks across nodes:
@@ -245,12 +246,14 @@ def _host_split(topology: Topology, X: int, Y: int) -> tuple[int, int]:
       f"host's {per_host} chips or be a multiple of them; valid meshes: {valid}")
 
 
-def mesh_shapes(topology: Topology) -> list[tuple[int, int]]:
-  """Every X x Y mesh `plan_mesh` lays over `topology`, X ascending."""
+def mesh_shapes(topology: Topology, outer: int = 1) -> list[tuple[int, int]]:
+  """Every X x Y mesh `plan_mesh` lays over `topology`, X ascending; under
+  an outer axis of `outer` (pipeline stages or replicas), every X x Y whose
+  outer·X x Y mesh lays out."""
   per_host, hosts = topology.chips_per_host, topology.hosts
-  return [(x, y) for x, y in factorizations(topology.chips)
-          if per_host % y == 0 or (y % per_host == 0
-                                   and hosts % (y // per_host) == 0)]
+  return [(x // outer, y) for x, y in factorizations(topology.chips)
+          if x % outer == 0 and (per_host % y == 0 or (
+              y % per_host == 0 and hosts % (y // per_host) == 0))]
 
 
 def _lay_out(shape: tuple[int, ...], y: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

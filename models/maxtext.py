@@ -226,9 +226,9 @@ def _axes(o: dict, tier: str, defaults: dict, devices: int) -> dict:
             for k, v in axes.items()}  # a -1 given takes the default's place
   rest = [k for k, v in axes.items() if v == -1]
   if len(rest) > 1:
-    raise ValueError(f"MaxText " + " and ".join(
+    raise ValueError("MaxText " + " and ".join(
         f"{tier}_{k}_parallelism=-1" for k in rest) + ": one of them may be "
-        f"-1 (the rest), not more")
+        "-1 (the rest), not more")
   known = math.prod(v for v in axes.values() if v != -1)
   if rest:
     axes[rest[0]] = devices // known if known and devices % known == 0 else 0

@@ -93,8 +93,8 @@ def optimizer_state_bytes(cfg: ModelConfig, plan: MeshPlan,
   if cfg.positions == "learned":
     seq = min(seq, cfg.max_len)
   any_batch = dataclasses.replace(  # the state has no batch
-      settings, batch=plan.D * plan.X * plan.Y * settings.microbatches, grad_accum=1,
-      seq=seq)
+      settings, batch=plan.data * plan.Y * settings.microbatches,
+      grad_accum=1, seq=seq)
   leaves = jax.tree.leaves(build_step(cfg, any_batch,
                                       abstract_mesh(plan)).opt_state)
   return {"optimizer_state_bytes": sum(math.prod(x.shape) * x.dtype.itemsize

@@ -177,7 +177,7 @@ class SweepSpec:
     whose outer·X x Y mesh lays out (meshes.layout)."""
     if self.meshes:
       return [(x, y) for x, y in self.meshes if x * y * outer == topo.chips]
-    return [(x // outer, y) for x, y in mesh_shapes(topo) if x % outer == 0]
+    return mesh_shapes(topo, outer)
 
   def configs(self, topo: Topology) -> list[Config]:
     """Ordered so each traced key's batch sizes are consecutive."""

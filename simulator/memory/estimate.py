@@ -306,7 +306,7 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   `at_batch` for a real one."""
   step = traced.step
   batch = step.batch["inputs"].shape[0]
-  require_probe(batch, plan.D * plan.X * plan.Y, "estimate_memory",
+  require_probe(batch, plan.data * plan.Y, "estimate_memory",
                 step.grad_accum * step.microbatches)
   _require_loss(traced.jaxpr)
   per_device_batch = device_shape(step.batch["inputs"])[0]

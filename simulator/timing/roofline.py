@@ -252,21 +252,21 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
   the stages on zeros); the step time keeps all of it, model FLOPs do not.
   """
   terms = []
+  def split(value: float, dims) -> tuple[float, float]:
+    """(fixed, per token): all of a value carrying the batch is per token."""
+    return (0.0, value / tokens) if carries_batch(dims) else (float(value), 0.0)
+
   for c in program.collectives:
-    linear = carries_batch(c.shape)
     terms.append(Term(c.kind, c.axis, c.layer, c.phase, c.source, c.count,
-                      c.overlappable, 0.0 if linear else c.bytes_per_device,
-                      c.bytes_per_device / tokens if linear else 0.0,
+                      c.overlappable, *split(c.bytes_per_device, c.shape),
                       c.x_exp, c.y_exp))
   work = []
   tile = plan.topology.chip.mxu_size
   for d in program.dots:
-    linear = carries_batch(d.dims)
     pad = mxu_padding(d.mxu_dims, tile)
     work.append(Work(d.layer, d.phase, d.count,
-                     0.0 if linear else d.flops_per_device * pad,
-                     d.flops_per_device * pad / tokens if linear else 0.0,
-                     d.flops_global / tokens if linear else 0.0,
+                     *split(d.flops_per_device * pad, d.dims),
+                     split(d.flops_global, d.dims)[1],
                      d.x_exp, d.y_exp, d.kind,
                      _useful(d.source, expert_fraction)
                      * (stage_share if d.layer != "top" else 1.0), pad,
@@ -274,9 +274,7 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
   hbm = tuple(Hbm(t.layer, t.phase, t.count, float(t.fixed),
                   t.linear / tokens) for t in program.traffic)
   host = tuple(Host(h.layer, h.phase, h.count, h.to_host,
-                    0.0 if carries_batch(h.shape) else h.bytes_per_device,
-                    h.bytes_per_device / tokens if carries_batch(h.shape)
-                    else 0.0) for h in program.host)
+                    *split(h.bytes_per_device, h.shape)) for h in program.host)
   counts: dict[str, int] = {}
   for r in [*program.collectives, *program.dots, *hbm, *host]:
     counts[r.layer] = max(counts.get(r.layer, 1), r.count)
@@ -293,8 +291,7 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan))
   batch = traced.step.batch["inputs"].shape[0]
-  require_probe(batch, plan.D * plan.X * plan.Y, "fit_mesh",
-                settings.batch_splits)
+  require_probe(batch, plan.data * plan.Y, "fit_mesh", settings.batch_splits)
   fraction = (moe.active_fraction(cfg, settings.seq, settings.capacity_factor)
               if cfg.moe else 1.0)
   share = (settings.microbatches / iterations(settings.pp,
@@ -529,8 +526,7 @@ def search_meshes(cfg, settings: TrainSettings, topology, m_x=None, m_y=None,
   """Trace and estimate every X×Y factorization (or `meshes`) of the
   topology, of its chips over D replicas with D > 1."""
   rows = []
-  for X, Y in meshes or [(x // D, y) for x, y in mesh_shapes(topology)
-                         if x % D == 0]:
+  for X, Y in meshes or mesh_shapes(topology, D):
     plan = plan_mesh(topology, X, Y, m_x, m_y, D=D)
     try:
       model = fit_mesh(cfg, settings, plan)

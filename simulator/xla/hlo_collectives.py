@@ -79,6 +79,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from meshes.layout import REPLICA_AXIS
+
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
          "collective-permute", "ragged-all-to-all")
 _DTYPE_BYTES = {
@@ -97,7 +99,6 @@ _MEGASCALE = re.compile(r'custom_call_target="MegaScaleCollective(Input|Output)'
 _MEGASCALE_KINDS = {"ALL_GATHER": "all-gather"}  # the one type seen (#70)
 MEGASCALE_ID_OFFSET = 100000  # _xla_megascale_target's device ids (#70)
 _DCN_SUM = '_xla_megascale_transfer_type="ALL_REDUCE"'  # a multi-slice sum
-REPLICAS = "D"  # the mesh axis of data-parallel replicas (meshes.layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +294,7 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
   comps = _computations(hlo_text)
   mult, known = _multipliers(hlo_text, comps)
   fused = _fused(comps)
-  dcn_axes = (REPLICAS,) if REPLICAS in axis_names else None
+  dcn_axes = (REPLICA_AXIS,) if REPLICA_AXIS in axis_names else None
   mesh_shape, axis_names = _slice_mesh(hlo_text, mesh_shape, axis_names)
   out = []
   cloned: dict = {}  # (channel, kind, shapes) -> its fused copy run least
@@ -356,7 +357,7 @@ def _slice_mesh(hlo_text: str, mesh_shape: Sequence[int],
   """The mesh a multi-slice module's replica groups index: without D where
   the module is one slice's, D of them (see the module docstring)."""
   m = re.search(r"num_partitions=(\d+)", hlo_text[:hlo_text.find("\n")])
-  if (m and axis_names and axis_names[0] == REPLICAS
+  if (m and axis_names and axis_names[0] == REPLICA_AXIS
       and int(m.group(1)) * mesh_shape[0] == math.prod(mesh_shape)):
     return mesh_shape[1:], axis_names[1:]
   return mesh_shape, axis_names
