@@ -2,9 +2,11 @@
 
   python -m experiments.compute_bound --model=xxl_ffn --topology=v5p-128 \
       --mesh=16x4 --m_x=2 --m_y=1 --flops_per_chip=4.6e14 \
-      --ici_link_bandwidth=9e10 --wraparound=yes --pass=forward --remat=none
+      --ici_link_bandwidth=9e10 --wraparound=yes --pass=forward --remat=none \
+      --nowindowed_einsum
 
-reproduces seed 004 (c)-(d). One row per X×Y factorization of the topology; --mesh
+reproduces seed 004 (c)-(d) (its reduce-scatter over Y a ring; libtpu runs
+that matmul as its windowed einsum loop, the default here). One row per X×Y factorization of the topology; --mesh
 picks the mesh whose collectives are listed and whose model gives the continuous
 optimum (default: the best split with X, Y > 1). Bandwidth: --ici_link_bandwidth is one
 link one way; a wrapped axis delivers W_ici = 2x that (seed 004: 2·9e10).
@@ -38,6 +40,10 @@ flags.DEFINE_enum("ring", "book", ["book", "exact"],
                   "book: T = V/W (large-n); exact: (n-1)/n·V/W")
 flags.DEFINE_enum("wraparound", "auto", ["auto", "yes", "no"],
                   "auto: from the topology; yes/no: force on both mesh axes")
+flags.DEFINE_bool("windowed_einsum", True,
+                  "libtpu's windowed einsum loop where it runs one "
+                  "(simulator.tracing.windowed); --nowindowed_einsum: every "
+                  "tensor-parallel reduce-scatter a ring, as seed 004 assumes")
 flags.DEFINE_float("tokens", None, "global tokens for step time and MFU "
                    "(default batch·seq)", lower_bound=1)
 
@@ -64,7 +70,8 @@ def main(argv):
   if tokens <= 0:
     raise ValueError(f"tokens={tokens} must be positive")
   rows = R.search_meshes(cfg, settings, topo, f.m_x, f.m_y, hardware_kw=hw_kw,
-                         pass_=pass_, tokens=tokens, D=dp)
+                         pass_=pass_, tokens=tokens, D=dp,
+                         windowed_einsum=f.windowed_einsum)
   ok = [r for r in rows if r.estimate]
   if not ok:
     raise ValueError(f"no mesh of {topo.describe()} can shard {cfg.name}: "

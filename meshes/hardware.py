@@ -67,6 +67,16 @@ class Chip:
   # One-way B/s between the chip and its host's memory (PCIe): what host
   # offload moves its bytes over; 0: not known, not timed.
   host_link_bandwidth: float = 0.0
+  # libtpu's windowed einsum (simulator.tracing.windowed): the smallest
+  # global contraction (at a bf16 result; twice it at f32) of a matmul
+  # whose partial sums over Y are reduce-scattered over Y that libtpu runs
+  # as a loop of collective-permutes over Y beside partial matmuls.
+  # Probed by experiments/probe_windowed.py (single matmuls compiled for
+  # the topology: the smallest contraction found windowed; the next
+  # multiple of 4 down is not); 0: never (XLA:GPU's
+  # --xla_gpu_threshold_for_windowed_einsum_mib defaults to 100000) or not
+  # probed (TPU7x: libtpu has no megacore config for it here).
+  windowed_einsum_contraction: int = 0
 
   @property
   def ici_bidirectional_bandwidth(self) -> float:
@@ -91,6 +101,7 @@ CHIPS: dict[str, Chip] = {
             megacore=True,
             mxu_size=128,  # [book] 128x128 MXUs
             host_link_bandwidth=1.6e10,  # [book] 16 GB/s each way
+            windowed_einsum_contraction=6120,  # probed, libtpu 0.0.52
         ),
         Chip(
             name="v5e",
@@ -105,6 +116,7 @@ CHIPS: dict[str, Chip] = {
             cores_per_chip=1,  # [v5e] one TensorCore per chip
             mxu_size=128,  # [book] 4 MXUs of 128x128 per TensorCore
             host_link_bandwidth=1.5e10,  # [book] ~1.5e10 per chip
+            windowed_einsum_contraction=4224,  # probed, libtpu 0.0.52
         ),
         Chip(
             name="v5p",
@@ -120,6 +132,7 @@ CHIPS: dict[str, Chip] = {
             megacore=True,
             mxu_size=128,  # [book] 4 MXUs of 128x128 per TensorCore
             host_link_bandwidth=1.5e10,  # [book] ~1.5e10 per chip
+            windowed_einsum_contraction=4224,  # probed, libtpu 0.0.52
         ),
         Chip(
             name="v6e",
@@ -134,6 +147,7 @@ CHIPS: dict[str, Chip] = {
             cores_per_chip=1,  # [v6e] one TensorCore per chip
             mxu_size=256,  # [book] Trillium: 256x256 MXUs
             host_link_bandwidth=3.2e10,  # [book] 32 GB/s
+            windowed_einsum_contraction=9836,  # probed, libtpu 0.0.52
         ),
         Chip(
             name="tpu7x",  # Ironwood; libtpu 0.0.52 knows "tpu7x:AxBxC"

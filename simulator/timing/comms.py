@@ -47,7 +47,7 @@ from __future__ import annotations
 from meshes.layout import MeshPlan
 from simulator.timing import nccl
 from simulator.timing.nccl import Cost
-from simulator.tracing.program import Collective, read_traced
+from simulator.tracing.program import Collective, read_for_chip, read_traced
 
 RINGS = ("book", "exact")
 
@@ -55,11 +55,13 @@ RINGS = ("book", "exact")
 def collectives(traced, plan: MeshPlan | None = None) -> list[Collective]:
   """Every collective the traced step's shardings imply (see simulator.tracing.program).
 
-  The mesh sizes are read from the program itself; `plan` says whether XLA:GPU
-  compiles it (a GPU chip).
+  The mesh sizes are read from the program itself; `plan`'s chip says which
+  compiler runs it (XLA:GPU, or libtpu with its windowed einsum:
+  simulator.tracing.program.read_for_chip).
   """
-  return read_traced(traced, gpu=plan is not None
-                     and plan.topology.chip.kind == "gpu").collectives
+  if plan is None:
+    return read_traced(traced).collectives
+  return read_for_chip(traced, plan.topology.chip).collectives
 
 
 def axis_bandwidth(plan: MeshPlan, axis: str, link_bandwidth: float,

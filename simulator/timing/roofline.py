@@ -61,7 +61,7 @@ from models import pipeline
 from models.pipeline import iterations
 from simulator.tracing.batch_probe import carries_batch, require_probe
 from simulator.timing.comms import collective_cost
-from simulator.tracing.program import Program, read_traced
+from simulator.tracing.program import Program, read_for_chip
 from simulator.settings import TrainSettings
 from simulator.tracing.trace import Traced, trace_probe
 
@@ -282,11 +282,13 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
 
 
 def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
-             traced: Traced | None = None) -> MeshModel:
+             traced: Traced | None = None,
+             windowed_einsum: bool = True) -> MeshModel:
   """Trace the step on `plan` at the probe batch and fit the linear model.
 
   `traced`: the step already traced on `plan` at the probe batch
   (simulator.tracing.trace.trace_probe), reused; only its program is read.
+  `windowed_einsum`: see simulator.tracing.program.read_for_chip.
   """
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan))
@@ -297,7 +299,7 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   share = (settings.microbatches / iterations(settings.pp,
                                               settings.microbatches)
            if settings.pp > 1 else 1.0)
-  return fit(read_traced(traced, gpu=plan.topology.chip.kind == "gpu"),
+  return fit(read_for_chip(traced, plan.topology.chip, windowed_einsum),
              batch * settings.seq, plan, settings.seq, fraction, share)
 
 
@@ -522,14 +524,16 @@ class MeshRow:
 
 def search_meshes(cfg, settings: TrainSettings, topology, m_x=None, m_y=None,
                   meshes=None, hardware_kw=None, pass_: str = "step",
-                  tokens: float | None = None, D: int = 1) -> list[MeshRow]:
+                  tokens: float | None = None, D: int = 1,
+                  windowed_einsum: bool = True) -> list[MeshRow]:
   """Trace and estimate every X×Y factorization (or `meshes`) of the
-  topology, of its chips over D replicas with D > 1."""
+  topology, of its chips over D replicas with D > 1 (`windowed_einsum`:
+  see `fit_mesh`)."""
   rows = []
   for X, Y in meshes or mesh_shapes(topology, D):
     plan = plan_mesh(topology, X, Y, m_x, m_y, D=D)
     try:
-      model = fit_mesh(cfg, settings, plan)
+      model = fit_mesh(cfg, settings, plan, windowed_einsum=windowed_einsum)
     except ValueError as e:  # e.g. a sharded dim the axis does not divide
       rows.append(MeshRow(plan, None, None, str(e).splitlines()[0]))
       continue

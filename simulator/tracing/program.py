@@ -37,7 +37,7 @@ from jax.extend import core as jcore
 from meshes.layout import REPLICA_AXIS
 from models import scopes
 from models.scopes import scopes_of
-from simulator.tracing import loops, mesh_class
+from simulator.tracing import loops, mesh_class, windowed
 from simulator.tracing.batch_probe import carries_batch, matmul_kind
 from simulator.tracing.trace import fusible
 
@@ -75,10 +75,13 @@ class Collective:
   shape: tuple[int, ...]  # global shape of the array V refers to
   x_exp: int
   y_exp: int
+  # libtpu's windowed einsum (simulator.tracing.windowed): collective-permutes
+  # over Y that its loop overlaps with the matmul's own partial products.
+  windowed: bool = False
 
   @property
   def overlappable(self) -> bool:
-    return self.prefetchable or self.deferrable
+    return self.prefetchable or self.deferrable or self.windowed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,14 +334,17 @@ def _where(ctx: dict, name_stack) -> tuple[dict, str]:
 
 class _Walker:
 
-  def __init__(self, sizes, record: bool = True, gpu: bool = False):
+  def __init__(self, sizes, record: bool = True, gpu: bool = False,
+               windowed_einsum: int = 0):
     """record=False: only which values depend on the data (a loop's carry
     fixpoint needs no collectives, matmuls or traffic). gpu: XLA:GPU's
     program, whose gathers are made once per value only within one jaxpr
-    (`_key`) and are all made (`_round_trip`)."""
+    (`_key`) and are all made (`_round_trip`). windowed_einsum: the chip's
+    `Chip.windowed_einsum_contraction` (simulator.tracing.windowed)."""
     self.sizes = {a: s for a, s in sizes.items()}
     self.record = record
     self.cse = not gpu
+    self.windowed_einsum = windowed_einsum
     self.collectives: list[Collective] = []
     self.dots: list[Dot] = []
     self.traffic: list[Traffic] = []
@@ -696,6 +702,14 @@ class _Walker:
       kind = ("reduce-scatter" if a in rs_axes and REPLICA_AXIS not in partial
               else "all-reduce")  # `_replicas_sum_on_shard`
       spec = tuple(tuple(b for b in axes if b != a) for axes in Os)
+      if kind == "reduce-scatter" and self._windowed(a, contract_global,
+                                                     out.aval.dtype):
+        r = self._emit(ctx, "permute", a, osh, spec, out.aval.dtype, source,
+                       any(in_data), critical)
+        r.bytes_per_device = round(r.bytes_per_device
+                                   * windowed.sent_over_v(self.sizes[a]))
+        r.windowed = True
+        continue
       r = self._emit(ctx, kind, a, osh, spec, out.aval.dtype, source,
                      any(in_data), critical)
       if r is not None:
@@ -704,6 +718,13 @@ class _Walker:
       _replicas_sum_on_shard(recs, any("X" in axes for axes in Os),
                              self.sizes.get("X", 1))
       pending[out] = recs
+
+  def _windowed(self, axis, contraction, dtype) -> bool:
+    """libtpu runs this reduce-scatter over Y as its windowed einsum loop
+    (simulator.tracing.windowed)."""
+    return axis == "Y" and windowed.runs_windowed(
+        self.windowed_einsum, self.sizes[axis], contraction,
+        jax.numpy.dtype(dtype).itemsize)
 
   def _reduce(self, eqn, ctx, source, data, critical, pending):
     x, = eqn.invars[:1]
@@ -884,23 +905,35 @@ _NO_TRAFFIC = {"dot_general", "reshard", "psum", "psum_invariant",
                "psum_scatter", "all_to_all", "ppermute"}
 
 
-def read_program(closed_jaxpr, data_invars: int, gpu: bool = False
-                 ) -> Program:
+def read_program(closed_jaxpr, data_invars: int, gpu: bool = False,
+                 windowed_einsum: int = 0) -> Program:
   """Walk `closed_jaxpr`; its last `data_invars` inputs are the batch (data);
-  `gpu`: as XLA:GPU compiles it (`_Walker`)."""
+  `gpu`: as XLA:GPU compiles it, `windowed_einsum`: the chip's windowed
+  einsum contraction (`_Walker`)."""
   sizes = _mesh_sizes(closed_jaxpr)
   jaxpr = closed_jaxpr.jaxpr
   n = len(jaxpr.invars)
   flags = [i >= n - data_invars for i in range(n)]
-  walker = _Walker(sizes, gpu=gpu)
+  walker = _Walker(sizes, gpu=gpu, windowed_einsum=windowed_einsum)
   ctx = dict(mult=1, layer=None, phase="optimizer", depth=0, prefix="")
   walker.walk(jaxpr, flags, ctx)
   return Program(walker.collectives, walker.dots, sizes, walker.traffic,
                  walker.host)
 
 
-def read_traced(traced, gpu: bool = False) -> Program:
+def read_traced(traced, gpu: bool = False, windowed_einsum: int = 0
+                ) -> Program:
   """The Program of a simulator.tracing.trace.Traced step (`gpu`: as
-  XLA:GPU compiles it)."""
+  XLA:GPU compiles it; `windowed_einsum`: see `read_program`)."""
   n_data = len(jax.tree.leaves(traced.step.batch))
-  return read_program(traced.jaxpr, n_data, gpu)
+  return read_program(traced.jaxpr, n_data, gpu, windowed_einsum)
+
+
+def read_for_chip(traced, chip, windowed_einsum: bool = True) -> Program:
+  """The Program as the compiler for `chip` (meshes.hardware.Chip) runs it;
+  `windowed_einsum=False`: every reduce-scatter a ring, libtpu's windowed
+  einsum left out (simulator.tracing.windowed), as seed 004's closed forms
+  assume."""
+  return read_traced(traced, gpu=chip.kind == "gpu",
+                     windowed_einsum=(chip.windowed_einsum_contraction
+                                      if windowed_einsum else 0))
