@@ -187,6 +187,31 @@ def test_a_replicas_sum_is_on_the_shard_where_the_step_keeps_it_whole():
   assert wo["all-reduce", "D"] * 16 == wo["all-reduce", "X"]
 
 
+def _wo_grad_collectives(topology, X, D, shard):
+  plan = plan_mesh(parse_topology(topology), X, 1, D=D)
+  traced = trace_probe(PRESETS["tiny"], TrainSettings(batch=1, seq=64,
+                                                      shard=shard),
+                       abstract_mesh(plan))
+  return sorted((c.kind, c.axis, c.bytes_per_device)
+                for c in program.read_for_plan(traced, plan).collectives
+                if c.source.startswith("blocks/mlp/wo/")
+                and c.phase == "backward")
+
+
+def test_across_slices_a_sum_kept_whole_is_gathered_back_over_x():
+  """Read for the plan: across TPU slices the slices' sum of each
+  device's 1/X shard is gathered back over X where the step keeps the
+  gradient whole (#294's all-gather.140-142); not where it keeps it
+  scattered (zero3), nor inside one slice (#291: one all-reduce)."""
+  zero1 = _wo_grad_collectives("v5e-16x2", 16, 2, "zero1")
+  whole = next(b for k, a, b in zero1 if (k, a) == ("all-reduce", "X"))
+  assert ("all-gather", "X", whole) in zero1
+  assert not any(k == "all-gather" for k, _, _ in
+                 _wo_grad_collectives("v5e-16x2", 16, 2, "zero3"))
+  assert not any(k == "all-gather" for k, _, _ in
+                 _wo_grad_collectives("v5e-32", 16, 2, "zero1"))
+
+
 def test_offloaded_residuals_are_host_copies_out_and_back():
   """remat offload:qkv copies q, k and v to host memory in each layer's
   forward and back in its backward: one device_put each way per tensor

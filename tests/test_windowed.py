@@ -51,7 +51,7 @@ def test_a_traced_down_projection_past_the_threshold_is_the_loop_on_tpus():
   it (or below the threshold) the down projection is a reduce-scatter."""
   plan = plan_mesh(parse_topology("v5p-32"), 4, 4)
   traced = _step(plan, 8192)
-  tpu = program.read_for_chip(traced, plan.topology.chip).collectives
+  tpu = program.read_for_plan(traced, plan).collectives
   gpu = program.read_traced(traced, gpu=True).collectives
   loops = [c for c in tpu if c.windowed]
   assert [(c.kind, c.axis, c.phase) for c in loops] == [
@@ -64,8 +64,8 @@ def test_a_traced_down_projection_past_the_threshold_is_the_loop_on_tpus():
   assert sum(c.kind == "reduce-scatter" and c.axis == "Y" for c in tpu) == (
       sum(c.kind == "reduce-scatter" and c.axis == "Y" for c in gpu) - 1)
   below = _step(plan, 4096)
-  assert not any(c.windowed for c in program.read_for_chip(
-      below, plan.topology.chip).collectives)
+  assert not any(c.windowed for c in program.read_for_plan(
+      below, plan).collectives)
 
 
 def test_the_step_time_overlaps_the_loops_sends():

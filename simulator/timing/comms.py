@@ -47,7 +47,7 @@ from __future__ import annotations
 from meshes.layout import MeshPlan
 from simulator.timing import nccl
 from simulator.timing.nccl import Cost
-from simulator.tracing.program import Collective, read_for_chip, read_traced
+from simulator.tracing.program import Collective, read_for_plan, read_traced
 
 RINGS = ("book", "exact")
 
@@ -57,11 +57,11 @@ def collectives(traced, plan: MeshPlan | None = None) -> list[Collective]:
 
   The mesh sizes are read from the program itself; `plan`'s chip says which
   compiler runs it (XLA:GPU, or libtpu with its windowed einsum:
-  simulator.tracing.program.read_for_chip).
+  simulator.tracing.program.read_for_plan).
   """
   if plan is None:
     return read_traced(traced).collectives
-  return read_for_chip(traced, plan.topology.chip).collectives
+  return read_for_plan(traced, plan).collectives
 
 
 def axis_bandwidth(plan: MeshPlan, axis: str, link_bandwidth: float,

@@ -61,7 +61,7 @@ from models import pipeline
 from models.pipeline import iterations
 from simulator.tracing.batch_probe import carries_batch, require_probe
 from simulator.timing.comms import collective_cost
-from simulator.tracing.program import Program, read_for_chip
+from simulator.tracing.program import Program, read_for_plan
 from simulator.settings import TrainSettings
 from simulator.tracing.trace import Traced, trace_probe
 
@@ -288,7 +288,7 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
 
   `traced`: the step already traced on `plan` at the probe batch
   (simulator.tracing.trace.trace_probe), reused; only its program is read.
-  `windowed_einsum`: see simulator.tracing.program.read_for_chip.
+  `windowed_einsum`: see simulator.tracing.program.read_for_plan.
   """
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan))
@@ -299,7 +299,7 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   share = (settings.microbatches / iterations(settings.pp,
                                               settings.microbatches)
            if settings.pp > 1 else 1.0)
-  return fit(read_for_chip(traced, plan.topology.chip, windowed_einsum),
+  return fit(read_for_plan(traced, plan, windowed_einsum),
              batch * settings.seq, plan, settings.seq, fraction, share)
 
 

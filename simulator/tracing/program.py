@@ -335,16 +335,19 @@ def _where(ctx: dict, name_stack) -> tuple[dict, str]:
 class _Walker:
 
   def __init__(self, sizes, record: bool = True, gpu: bool = False,
-               windowed_einsum: int = 0):
+               windowed_einsum: int = 0, dcn_replicas: bool = False):
     """record=False: only which values depend on the data (a loop's carry
     fixpoint needs no collectives, matmuls or traffic). gpu: XLA:GPU's
     program, whose gathers are made once per value only within one jaxpr
     (`_key`) and are all made (`_round_trip`). windowed_einsum: the chip's
-    `Chip.windowed_einsum_contraction` (simulator.tracing.windowed)."""
+    `Chip.windowed_einsum_contraction` (simulator.tracing.windowed).
+    dcn_replicas: the replicas D are TPU slices (`_gather_back`)."""
     self.sizes = {a: s for a, s in sizes.items()}
     self.record = record
     self.cse = not gpu
     self.windowed_einsum = windowed_einsum
+    self.dcn_replicas = dcn_replicas
+    self._gathered_back: set = set()  # ids of `_gather_back`'s records
     self.collectives: list[Collective] = []
     self.dots: list[Dot] = []
     self.traffic: list[Traffic] = []
@@ -586,7 +589,8 @@ class _Walker:
       if not recs or not all(isinstance(r, _Accumulated) for r in recs):
         continue
       for acc in recs:
-        if (acc.record.kind == "all-reduce"
+        if ((acc.record.kind == "all-reduce"
+             or id(acc.record) in self._gathered_back)
             and id(acc.record) not in self._summed):
           acc.record.count = ctx["mult"]
       pend[j] = None
@@ -642,6 +646,11 @@ class _Walker:
       elif dd and not sd:
         recs = pending.get(x, ())
         if _over_replicas(recs):  # `_replicas_sum_on_shard`
+          back = [r for r in recs if id(r) in self._gathered_back]
+          if back:  # kept scattered after all: no gather back (`_gather_back`)
+            self.collectives = [c for c in self.collectives
+                                if not any(c is r for r in back)]
+            pending[x] = [r for r in recs if id(r) not in self._gathered_back]
           continue
         for rec in recs:
           if rec.axis == a and rec.kind == "all-reduce":
@@ -715,9 +724,30 @@ class _Walker:
       if r is not None:
         recs.append(r)
     if recs:
-      _replicas_sum_on_shard(recs, any("X" in axes for axes in Os),
-                             self.sizes.get("X", 1))
+      sharded = any("X" in axes for axes in Os)
+      _replicas_sum_on_shard(recs, sharded, self.sizes.get("X", 1))
+      self._gather_back(recs, sharded)
       pending[out] = recs
+
+  def _gather_back(self, recs: list, sharded_over_x: bool) -> None:
+    """Across TPU slices, a replicas' sum the step keeps whole over X is
+    gathered back over X after the slices' sum of each device's 1/X shard:
+    llama2_7b v5p-32x2 D2x8x2 zero1 (#294) runs, for each layer's MLP
+    weight gradient in its backward loop, all-reduce.127-129 over X
+    (bf16[5760,4096], padded, 47 MB), MegaScale ALL_REDUCE sends of the 1/8
+    shard over DCN (send.31-33, 5.6 MB) and all-gather.140-142 over X back
+    to bf16[5504,4096] (45 MB); where the step keeps the sum scattered over X (zero3, #290) or
+    reshards it so (`_reshard`) no gather is made, and inside one slice
+    (#291) the sum is one all-reduce over D and X. Added to the sum's
+    pending records, so a reassociated twin or a loop's code motion
+    (`_moved_out`) carries it along."""
+    if not self.dcn_replicas or sharded_over_x or not _over_replicas(recs):
+      return
+    for rec in [r for r in recs if r.axis == "X" and r.kind == "all-reduce"]:
+      back = dataclasses.replace(rec, kind="all-gather")
+      self.collectives.append(back)
+      self._gathered_back.add(id(back))
+      recs.append(back)
 
   def _windowed(self, axis, contraction, dtype) -> bool:
     """libtpu runs this reduce-scatter over Y as its windowed einsum loop
@@ -797,6 +827,7 @@ class _Walker:
     recs = [r for r in recs if r]
     if _over_replicas(recs):
       _replicas_sum_on_shard(recs, False, self.sizes.get("X", 1))
+      self._gather_back(recs, False)
       pending[eqn.outvars[0]] = recs
 
 
@@ -906,15 +937,18 @@ _NO_TRAFFIC = {"dot_general", "reshard", "psum", "psum_invariant",
 
 
 def read_program(closed_jaxpr, data_invars: int, gpu: bool = False,
-                 windowed_einsum: int = 0) -> Program:
+                 windowed_einsum: int = 0, dcn_replicas: bool = False
+                 ) -> Program:
   """Walk `closed_jaxpr`; its last `data_invars` inputs are the batch (data);
   `gpu`: as XLA:GPU compiles it, `windowed_einsum`: the chip's windowed
-  einsum contraction (`_Walker`)."""
+  einsum contraction, `dcn_replicas`: the replicas D are TPU slices
+  (`_Walker`)."""
   sizes = _mesh_sizes(closed_jaxpr)
   jaxpr = closed_jaxpr.jaxpr
   n = len(jaxpr.invars)
   flags = [i >= n - data_invars for i in range(n)]
-  walker = _Walker(sizes, gpu=gpu, windowed_einsum=windowed_einsum)
+  walker = _Walker(sizes, gpu=gpu, windowed_einsum=windowed_einsum,
+                   dcn_replicas=dcn_replicas)
   ctx = dict(mult=1, layer=None, phase="optimizer", depth=0, prefix="")
   walker.walk(jaxpr, flags, ctx)
   return Program(walker.collectives, walker.dots, sizes, walker.traffic,
@@ -929,11 +963,16 @@ def read_traced(traced, gpu: bool = False, windowed_einsum: int = 0
   return read_program(traced.jaxpr, n_data, gpu, windowed_einsum)
 
 
-def read_for_chip(traced, chip, windowed_einsum: bool = True) -> Program:
-  """The Program as the compiler for `chip` (meshes.hardware.Chip) runs it;
-  `windowed_einsum=False`: every reduce-scatter a ring, libtpu's windowed
-  einsum left out (simulator.tracing.windowed), as seed 004's closed forms
-  assume."""
-  return read_traced(traced, gpu=chip.kind == "gpu",
-                     windowed_einsum=(chip.windowed_einsum_contraction
-                                      if windowed_einsum else 0))
+def read_for_plan(traced, plan, windowed_einsum: bool = True) -> Program:
+  """The Program as the compiler for `plan`'s chip runs it on `plan`
+  (meshes.layout.MeshPlan): XLA:GPU's or libtpu's, and on a TPU the
+  replicas' sums across slices (`_Walker`); `windowed_einsum=False`: every
+  reduce-scatter a ring, libtpu's windowed einsum left out
+  (simulator.tracing.windowed), as seed 004's closed forms assume."""
+  chip = plan.topology.chip
+  n_data = len(jax.tree.leaves(traced.step.batch))
+  return read_program(
+      traced.jaxpr, n_data, chip.kind == "gpu",
+      chip.windowed_einsum_contraction if windowed_einsum else 0,
+      dcn_replicas=(chip.kind == "tpu" and plan.D > 1
+                    and plan.topology.hosts > 1))

@@ -16,7 +16,7 @@ from models.registry import load_model
 from simulator.xla import compiled
 from simulator import memory
 from simulator.settings import TrainSettings, settings_from
-from simulator.tracing.program import read_for_chip
+from simulator.tracing.program import read_for_plan
 from simulator.tracing.trace import trace
 
 
@@ -32,8 +32,8 @@ def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
   plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp, D=d)
   estimate = memory.memory_report(
       cfg, dataclasses.replace(settings, schedule="gpipe"), plan)
-  return estimate, read_for_chip(trace(cfg, settings, abstract_mesh(plan)),
-                                 plan.topology.chip)
+  return estimate, read_for_plan(trace(cfg, settings, abstract_mesh(plan)),
+                                 plan)
 
 
 def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
