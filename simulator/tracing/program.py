@@ -347,13 +347,16 @@ class _Walker:
     self.cse = not gpu
     self.windowed_einsum = windowed_einsum
     self.dcn_replicas = dcn_replicas
-    self._gathered_back: set = set()  # ids of `_gather_back`'s records
+    # `_gather_back`'s records by id, held so that no later record can take
+    # the id of one dropped again (`_reshard`)
+    self._gathered_back: dict[int, Collective] = {}
     self.collectives: list[Collective] = []
     self.dots: list[Dot] = []
     self.traffic: list[Traffic] = []
     self.host: list[HostCopy] = []
     self._fusions: dict = {}
-    self._summed: set = set()  # ids of records reassociation made of two
+    # records reassociation made of two, by id (held, as `_gathered_back`)
+    self._summed: dict[int, Collective] = {}
     self._keys: dict = {}  # var -> the value XLA's CSE makes it (`_key`)
 
   def _traffic(self, jaxpr, i: int, ctx) -> None:
@@ -611,7 +614,7 @@ class _Walker:
       if twin is None:
         merged.append(rec)
       else:
-        self._summed.add(id(twin))
+        self._summed[id(twin)] = twin
         if any(c is rec for c in self.collectives):
           self.collectives = [c for c in self.collectives if c is not rec]
     return merged
@@ -746,7 +749,7 @@ class _Walker:
     for rec in [r for r in recs if r.axis == "X" and r.kind == "all-reduce"]:
       back = dataclasses.replace(rec, kind="all-gather")
       self.collectives.append(back)
-      self._gathered_back.add(id(back))
+      self._gathered_back[id(back)] = back
       recs.append(back)
 
   def _windowed(self, axis, contraction, dtype) -> bool:
