@@ -92,7 +92,9 @@ def survey(plan: MeshPlan, result_dtype=jnp.bfloat16) -> str:
   first = smallest_windowed(plan, 64 * y, 16384 * y, result_dtype)
   sent = probe(plan, first, result_dtype).sent_over_v
   want = chip.windowed_einsum_contraction * scale
-  return (f"{name}: windowed from f = {first} (the chip's figure {want}: "
-          f"{'agrees' if first == want else 'DIFFERS'}); sends {sent:.4f} V "
+  at_y = -(-want // y) * y  # f runs in steps of Y here
+  figure = f"{want}" if at_y == want else f"{want}, {at_y} in steps of {y}"
+  return (f"{name}: windowed from f = {first} (the chip's figure {figure}: "
+          f"{'agrees' if first == at_y else 'DIFFERS'}); sends {sent:.4f} V "
           f"over Y (the rule {rule:.4f}: "
           f"{'agrees' if abs(sent - rule) < 1e-9 else 'DIFFERS'})")
