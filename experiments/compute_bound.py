@@ -119,7 +119,7 @@ def main(argv):
       collectives=[dict(kind=t.kind, axis=t.axis, phase=t.phase, layer=t.layer,
                         source=t.source, count=t.count,
                         bytes_per_device=t.b0 + t.b1 * tokens,
-                        overlappable=t.overlappable)
+                        overlappable=t.overlappable, windowed=t.windowed)
                    for t in base.model.terms if t.phase in R.PASSES[pass_]],
       collectives_mesh=mesh_name(base.plan.X, base.plan.Y, D=dp))
   if f.format == "json":
@@ -177,7 +177,13 @@ def main(argv):
   for c in out["collectives"]:
     print(f"  {c['phase']:<9} {c['kind']:<14} {c['axis']} x{c['count']:<4} "
           f"{c['bytes_per_device']:>14.0f} B  {c['source']}"
-          f"{'  (overlappable)' if c['overlappable'] else ''}")
+          f"{_overlap_note(c)}")
+
+
+def _overlap_note(c: dict) -> str:
+  if c["windowed"]:
+    return "  (libtpu's windowed einsum loop: overlaps its matmul)"
+  return "  (overlappable)" if c["overlappable"] else ""
 
 
 if __name__ == "__main__":

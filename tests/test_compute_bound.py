@@ -33,6 +33,21 @@ def test_seed_004_json():
   assert len(out["meshes"]) == 7
 
 
+def test_by_default_the_seeds_reduce_scatter_is_libtpus_windowed_loop():
+  """Without --nowindowed_einsum the XXL stack's reduce-scatter over Y
+  (f = 53248, past v5p's 4224) is libtpu's loop: 1.25 V of
+  collective-permutes at Y = 4, overlappable, so the threshold moves."""
+  r = _run(*[a for a in SEED if a != "--nowindowed_einsum"], "--format=json")
+  assert r.returncode == 0, r.stderr
+  out = json.loads(r.stdout)
+  loops = [c for c in out["collectives"] if c["windowed"]]
+  assert [(c["kind"], c["axis"], c["phase"]) for c in loops] == [
+      ("permute", "Y", "forward")]
+  assert loops[0]["overlappable"]
+  row = next(m for m in out["meshes"] if (m["X"], m["Y"]) == (16, 4))
+  assert round(row["threshold_tokens_per_device"]) != 1581
+
+
 def test_bad_flags_exit_2_one_line():
   for args in (["--mesh=5x5"], ["--model=nope"], ["--pass=sideways"],
                ["--flops_per_chip=-1"], ["--m_x=0", "--mesh=16x4"],

@@ -118,6 +118,7 @@ class Term:
   b1: float
   x_exp: int
   y_exp: int
+  windowed: bool = False  # libtpu's windowed einsum loop (Collective.windowed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +260,7 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
   for c in program.collectives:
     terms.append(Term(c.kind, c.axis, c.layer, c.phase, c.source, c.count,
                       c.overlappable, *split(c.bytes_per_device, c.shape),
-                      c.x_exp, c.y_exp))
+                      c.x_exp, c.y_exp, c.windowed))
   work = []
   tile = plan.topology.chip.mxu_size
   for d in program.dots:
