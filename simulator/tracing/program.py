@@ -739,11 +739,11 @@ class _Walker:
     weight gradient in its backward loop, all-reduce.127-129 over X
     (bf16[5760,4096], padded, 47 MB), MegaScale ALL_REDUCE sends of the 1/8
     shard over DCN (send.31-33, 5.6 MB) and all-gather.140-142 over X back
-    to bf16[5504,4096] (45 MB); where the step keeps the sum scattered over X (zero3, #290) or
-    reshards it so (`_reshard`) no gather is made, and inside one slice
-    (#291) the sum is one all-reduce over D and X. Added to the sum's
-    pending records, so a reassociated twin or a loop's code motion
-    (`_moved_out`) carries it along."""
+    to bf16[5504,4096] (45 MB). Where the step keeps the sum scattered over
+    X (zero3, #290) or reshards it so (`_reshard`) no gather is made, and
+    inside one slice (#291) the sum is one all-reduce over D and X. Added
+    to the sum's pending records, so a reassociated twin or a loop's code
+    motion (`_moved_out`) carries it along."""
     if not self.dcn_replicas or sharded_over_x or not _over_replicas(recs):
       return
     for rec in [r for r in recs if r.axis == "X" and r.kind == "all-reduce"]:
@@ -958,12 +958,11 @@ def read_program(closed_jaxpr, data_invars: int, gpu: bool = False,
                  walker.host)
 
 
-def read_traced(traced, gpu: bool = False, windowed_einsum: int = 0
-                ) -> Program:
+def read_traced(traced, gpu: bool = False) -> Program:
   """The Program of a simulator.tracing.trace.Traced step (`gpu`: as
-  XLA:GPU compiles it; `windowed_einsum`: see `read_program`)."""
+  XLA:GPU compiles it)."""
   n_data = len(jax.tree.leaves(traced.step.batch))
-  return read_program(traced.jaxpr, n_data, gpu, windowed_einsum)
+  return read_program(traced.jaxpr, n_data, gpu)
 
 
 def read_for_plan(traced, plan, windowed_einsum: bool = True) -> Program:

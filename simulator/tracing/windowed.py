@@ -16,7 +16,7 @@ the axis size:
   result's d over Y for a topology and bisects f: v5p and v5e run the loop
   from f = 4224 at a bf16 result (8448 at f32), v4 from 6120, v6e from 9836
   (`meshes.hardware.Chip.windowed_einsum_contraction`), at Y = 4, 8 and 16
-  alike and at 512 to 16384 tokens a device; never at Y = 2.
+  alike and at 256 to 16384 tokens a device; never at Y = 2.
 - What it sends, in collective-permutes over Y, for V the partial result's
   bytes on one device (what the reduce-scatter would reduce): (2 + 1/Y)·V
   at Y = 8, 16, 32 (Y/2 steps of four sends of V/Y, and one more), (1 +

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from meshes.layout import MeshPlan, device_mesh
+from simulator.tracing import windowed
 from simulator.xla import hlo_collectives
 
 
@@ -80,7 +81,6 @@ def smallest_windowed(plan: MeshPlan, lo: int, hi: int,
 def survey(plan: MeshPlan, result_dtype=jnp.bfloat16) -> str:
   """One line: where libtpu starts the loop on `plan` and what it sends,
   beside the rule (simulator.tracing.windowed and the chip's figure)."""
-  from simulator.tracing import windowed  # pylint: disable=g-import-not-at-top
   chip, y = plan.topology.chip, plan.Y
   scale = jnp.dtype(result_dtype).itemsize // 2
   name = f"{plan.topology.name} {plan.X}x{y} ({jnp.dtype(result_dtype).name})"
