@@ -64,7 +64,25 @@ def _part(row: dict) -> str:
                                        else "tune")
 
 
+def _program_line(rows: list[dict], changed: list[dict]) -> str:
+  """Whether each row was compiled from the program today's code traces
+  (crosscheck.recheck's `program`)."""
+  same = sum(1 for r in rows if r.get("program") == "same")
+  unknown = sum(1 for r in rows if r.get("program") == "unknown")
+  ids = ",".join(str(r["config"].get("index", "?")) for r in changed)
+  return (f"- compiled from the program today's code traces (its fingerprint,"
+          f" simulator.tracing.fingerprint): {same} rows; changed since: "
+          f"{len(changed)}" + (f" (#{ids.replace(',', ', #')}: their "
+                               f"compiled figures are an older program's, "
+                               f"left out of every figure above; recompile "
+                               f"them with --only={ids})" if changed else "")
+          + f"; no fingerprint kept: {unknown}")
+
+
 def summary(rows: list[dict]) -> list[str]:
+  changed = [r for r in rows if r.get("program") == "changed"]
+  checked = rows
+  rows = [r for r in rows if r.get("program") != "changed"]
   ok = [r for r in rows if "relative_error" in r]
   lines = [f"{len(ok)} of {len(rows)} configs compiled."]
   for part in (*PARTS, *GPU_PARTS):
@@ -155,6 +173,8 @@ def summary(rows: list[dict]) -> list[str]:
            f": the module holds two copies of some layer loops (#290: 8 "
            f"while loops, the one-slice #291 6), each counted" if slices
            else ""))
+  if any("program" in r for r in checked):
+    lines.append(_program_line(checked, changed))
   return lines
 
 
@@ -187,7 +207,8 @@ def _settings(c: dict) -> str:
 
 def _row(i: int, r: dict) -> list[str]:
   c = r["config"]
-  pre = [str(c.get("index", i)), c["model"].split("/")[-1], _part(r),
+  stale = " (program changed)" if r.get("program") == "changed" else ""
+  pre = [str(c.get("index", i)), c["model"].split("/")[-1], _part(r) + stale,
          c["topology"], c["mesh"], str(c["batch"]), str(c["seq"]),
          c["remat"], c["optimizer"], _settings(c)]
   g = lambda b: f"{b / GiB:.3f}"

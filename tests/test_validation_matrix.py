@@ -37,6 +37,22 @@ def test_summary_reports_each_part_apart():
          "39.00%" in text
 
 
+def test_a_row_compiled_from_another_program_is_left_out_and_named():
+  """crosscheck.recheck's `program`: a row whose kept fingerprint is not
+  today's trace's counts in no figure and is listed to be recompiled."""
+  rows = [{**_row("gpt2", 0.02, 0.0, "tune"), "program": "same"},
+          {**_row("gpt2", 0.50, 0.0, "tune"), "program": "changed",
+           "config": {"model": "gpt2", "part": "tune", "index": 7}},
+          {**_row("gpt2", 0.04, 0.0, "tune"), "program": "unknown"}]
+  text = "\n".join(vm.summary(rows))
+  assert "2 of 2 configs compiled" in text
+  assert "peak_no_overhead (2 tune configs): median 3.00%, worst 4.00%" in text
+  assert ("today's code traces (its fingerprint, simulator.tracing."
+          "fingerprint): 1 rows; changed since: 1 (#7: their compiled "
+          "figures are an older program's, left out of every figure above; "
+          "recompile them with --only=7); no fingerprint kept: 1") in text
+
+
 def test_the_summary_says_what_the_smaller_schedule_would_give():
   """Beside the kept (larger) schedule's errors, the smaller's: how many
   rows it would put under XLA's peak, the dangerous side."""
@@ -184,6 +200,12 @@ def test_cases_compile_in_worker_processes(tmp_path):
   kept = [json.loads(line) for line in rows.read_text().splitlines()]
   assert sorted(r["config"]["index"] for r in kept) == toy
   assert all("relative_error" in r for r in kept)
+  # each keeps the fingerprint of the program it compiled, today's trace's
+  assert {crosscheck.recheck(r)["program"] for r in kept} == {"same"}
+  changed = {**kept[0], "compiled": {**kept[0]["compiled"], "program": "0"}}
+  rechecked = crosscheck.recheck(changed)
+  assert rechecked["program"] == "changed"
+  assert "toy (program changed)" in vm._row(0, rechecked)
   table = [line for line in out.read_text().splitlines()
            if line.startswith("| ") and line[2].isdigit()]
   assert [int(line.split("|")[1]) for line in table] == toy

@@ -52,6 +52,7 @@ from simulator.xla import hlo_collectives, xla_peak
 from simulator.memory.tiling import layout_bytes
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step, device_bytes, device_shape
+from simulator.tracing.fingerprint import program_fingerprint
 from simulator.tracing.trace import read_inputs
 
 Progress = Callable[[str], None]
@@ -158,6 +159,7 @@ class CompiledReport:
   trip_counts_known: bool
   measured: dict[str, Any] | None = None  # GPU: run_steps' memory_stats figures
   xla_peak: xla_peak.XlaPeak | None = None  # TPU: what is live at the peak
+  program: str = ""  # the compiled program's fingerprint (tracing.fingerprint)
 
   def collective_summary(self) -> dict[str, dict[str, int]]:
     return hlo_collectives.summarize(self.collectives)
@@ -190,6 +192,7 @@ class Compiled:
   reads: tuple[bool, ...]  # per argument leaf: read by the step (else dropped)
   hlo_text: str = ""  # the optimized HLO module ("" if it could not be had)
   xla_peak: xla_peak.XlaPeak | None = None  # TPU: the buffers at the peak
+  program: str = ""  # the traced program's fingerprint (tracing.fingerprint)
 
 
 def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
@@ -222,6 +225,7 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
   with jax.set_mesh(mesh), keep or tempfile.TemporaryDirectory() as dump:
     traced = jax.jit(fn, donate_argnums=donate).trace(*args)
     reads = tuple(read_inputs(traced.jaxpr))
+    program = program_fingerprint(traced.jaxpr)
     lowered = traced.lower()
     module = module_name(lowered)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
@@ -235,12 +239,14 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
       # assignment and live ranges: what it held at its peak goes with
       # the error (`refused_peak`).
       e.xla_peak = refused_peak(dump, module) if dumps else None
+      e.program = program
       raise
     seconds = time.perf_counter() - t0
     hlo_text = _optimized_hlo(compiled, dump, module)
     peak = xla_peak.read_peak(dump, module) if dumps else None
   say(f"{label}compiled in {seconds:.1f} s")
-  return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak)
+  return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak,
+                  program)
 
 
 def refused_peak(dump: str, module: str) -> xla_peak.XlaPeak | None:
@@ -363,7 +369,7 @@ def report(c: Compiled, target: str) -> CompiledReport:
       optimal_seconds=cost.get("optimal_seconds"),
       symbolic_arguments=symbolic_argument_bytes(c.step, c.reads),
       layout_argument_bytes=layout_argument_bytes(c), collectives=colls,
-      trip_counts_known=known, xla_peak=c.xla_peak)
+      trip_counts_known=known, xla_peak=c.xla_peak, program=c.program)
 
 
 def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
@@ -529,7 +535,8 @@ def compiled_side(rep: CompiledReport) -> dict[str, Any]:
           "peak_buffers": rep.peak_buffers(),
           "vmem_bytes": rep.xla_peak.vmem_bytes if rep.xla_peak else None,
           "vmem_buffers": [dataclasses.asdict(b) for b in rep.xla_peak.vmem_buffers]
-          if rep.xla_peak else []}
+          if rep.xla_peak else [],
+          "program": rep.program}
   if rep.measured:
     comp["measured"] = rep.measured
   return comp

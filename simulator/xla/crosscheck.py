@@ -16,14 +16,15 @@ from models.registry import load_model
 from simulator.xla import compiled
 from simulator import memory
 from simulator.settings import TrainSettings, settings_from
+from simulator.tracing.fingerprint import program_fingerprint
 from simulator.tracing.program import read_for_plan
 from simulator.tracing.trace import trace
 
 
 def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
               y: int, d: int = 1):
-  """The memory estimate and the traced program (its collectives and
-  matmuls) at the config's own batch. Under `--schedule=1f1b` the estimate
+  """The memory estimate, the traced program (its collectives and
+  matmuls) at the config's own batch and that program's fingerprint. Under `--schedule=1f1b` the estimate
   is the traced GPipe program's: that is the program XLA compiles, and the
   1F1B rule (simulator.memory.schedule) says what a 1F1B runtime would hold
   instead, which no compile shows (llama2_7b v5p-32 4x2 pp=2 b256 M=8, #131:
@@ -32,8 +33,9 @@ def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
   plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp, D=d)
   estimate = memory.memory_report(
       cfg, dataclasses.replace(settings, schedule="gpipe"), plan)
-  return estimate, read_for_plan(trace(cfg, settings, abstract_mesh(plan)),
-                                 plan)
+  traced = trace(cfg, settings, abstract_mesh(plan))
+  return (estimate, read_for_plan(traced, plan),
+          program_fingerprint(traced.jaxpr))
 
 
 def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
@@ -42,7 +44,7 @@ def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
              dump_dir: str | None = None, d: int = 1) -> dict[str, Any]:
   """Compile the step for `target` (default: the TPU `topology`) and compare;
   `d` data-parallel replicas outermost (meshes.layout)."""
-  estimate, program = _symbolic(cfg, settings, topology, x, y, d)
+  estimate, program, _ = _symbolic(cfg, settings, topology, x, y, d)
   kwargs = {} if progress is None else {"progress": progress}
   rep = compiled.compile_report(cfg, settings, target or topology, x, y,
                                 execute_steps=execute_steps, dump_dir=dump_dir,
@@ -81,16 +83,21 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
   arguments included (#58: 164.95 GiB both; #287: 38.32 GiB in the
   message, 38.13 read off its dump, 11.22 of them arguments), taken off
   the dump where the row keeps it (`refused_at`); other failed rows are
-  returned as they are."""
+  returned as they are. `program` says whether today's code traces the
+  program the row was compiled from (`same`, `changed`: its figures are an
+  older program's; `unknown`: the row keeps no fingerprint)."""
   if "compiled" not in row and "oom" not in row:
     return row
   config = row["config"]
   target = config.get("target") or config["topology"]
   x, y, d = parse_mesh_name(config["mesh"])
-  estimate, program = _symbolic(load_model(config["model"]),
-                                settings_of(config), config["topology"], x, y,
-                                d)
+  estimate, program, fingerprint = _symbolic(
+      load_model(config["model"]), settings_of(config), config["topology"],
+      x, y, d)
   sym = compiled.symbolic_side(estimate, target)
+  kept = (row.get("compiled") or row.get("oom") or {}).get("program")
+  row = {**row, "program": ("unknown" if not kept else
+                            "same" if kept == fingerprint else "changed")}
   if "oom" in row:
     needed = row["oom"].get("peak_bytes") or row["oom"]["temp_bytes"]
     return {**row, "symbolic": sym,
@@ -147,5 +154,6 @@ def compile_case(cfg: ModelConfig, settings: TrainSettings, topology: str,
            "compile_seconds": time.perf_counter() - started}
     oom = hbm_oom(text)
     if oom:
-      row["oom"] = {**oom, **refused_at(e)}
+      row["oom"] = {**oom, **refused_at(e),
+                    "program": getattr(e, "program", "")}
     return row
