@@ -584,9 +584,13 @@ class _Walker:
     it in each of the loss's backward loop's four iterations: llava_mini
     v5p-8 4x1 (corpus #82) `all-reduce.28 = f32[1024,32064]` in
     all-reduce-scatter.8, qwen2-0.5b v5p-8 4x1 (#264) `all-reduce.17 =
-    bf16[896,151936]` (XLA narrowed that one to bf16 first, not modelled:
-    the record keeps its f32 bytes, an upper bound), both in the step's
-    entry computation. The all-reduce stays one: no partial sum is pending
+    bf16[896,151936]`, both in the step's entry computation. XLA reduces
+    #264's bf16 accumulator, and gemma-2b v4-32 16x1's (#223, 4 chunks:
+    `all-reduce.14 = bf16[2048,256000]` of the loop's result), as llava_mini
+    2x2's (#84: bf16[1024,16032] in the combined all-reduce.87), but #82's
+    cast to f32 (convert.4, then all-reduce-scatter.8): which type it keeps
+    is not derived, so the record keeps the matmul's f32 (an upper bound
+    where XLA narrows: #223 +6.97%, #264 +6.37%). The all-reduce stays one: no partial sum is pending
     after the loop for a reshard to make a reduce-scatter of."""
     for j, recs in enumerate(pend[:ncarry]):
       if not recs or not all(isinstance(r, _Accumulated) for r in recs):
