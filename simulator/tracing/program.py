@@ -588,9 +588,13 @@ class _Walker:
     #264's bf16 accumulator, and gemma-2b v4-32 16x1's (#223, 4 chunks:
     `all-reduce.14 = bf16[2048,256000]` of the loop's result), as llava_mini
     2x2's (#84: bf16[1024,16032] in the combined all-reduce.87), but #82's
-    cast to f32 (convert.4, then all-reduce-scatter.8): which type it keeps
-    is not derived, so the record keeps the matmul's f32 (an upper bound
-    where XLA narrows: #223 +6.97%, #264 +6.37%). The all-reduce stays one: no partial sum is pending
+    cast to f32 (convert.4, then all-reduce-scatter.8); the tiny model with
+    a d x V output projection over 4 chunks on v5p-8 4x1 (tied or not)
+    keeps f32 at d = 1024 up to V = 147456 and narrows from V = 151808, and
+    narrows at d = 896 with V = 32064 (session 31: `compiled.compile_step`
+    on such variants of `tiny`, read off their dumps). Which type
+    it keeps is not derived, so the record keeps the matmul's f32 (an upper
+    bound where XLA narrows: #223 +6.97%, #264 +6.37%). The all-reduce stays one: no partial sum is pending
     after the loop for a reshard to make a reduce-scatter of."""
     for j, recs in enumerate(pend[:ncarry]):
       if not recs or not all(isinstance(r, _Accumulated) for r in recs):
