@@ -592,10 +592,11 @@ class _Walker:
     a d x V output projection over 4 chunks on v5p-8 4x1 (tied or not)
     keeps f32 at d = 1024 up to V = 147456 and narrows from V = 151808, and
     narrows at d = 896 with V = 32064 (session 31: `compiled.compile_step`
-    on such variants of `tiny`, read off their dumps). Which type
-    it keeps is not derived, so the record keeps the matmul's f32 (an upper
-    bound where XLA narrows: #223 +6.97%, #264 +6.37%). The all-reduce stays one: no partial sum is pending
-    after the loop for a reshard to make a reduce-scatter of."""
+    on such variants of `tiny`, read off their dumps). Which type it keeps
+    is not derived, so the record keeps the matmul's f32 (an upper bound
+    where XLA narrows: #223 +6.97%, #264 +6.37%). The all-reduce stays
+    one: no partial sum is pending after the loop for a reshard to make a
+    reduce-scatter of."""
     for j, recs in enumerate(pend[:ncarry]):
       if not recs or not all(isinstance(r, _Accumulated) for r in recs):
         continue
