@@ -63,6 +63,21 @@ def test_parse_collectives_axes_bytes_and_trip_counts():
   assert summary["all-gather@Y"]["out_bytes"] == 3 * 64
 
 
+def test_a_permute_that_sends_nothing_is_no_collective():
+  """XLA:GPU leaves collective-permutes with no source-target pairs in the
+  layer loop (gpt2 h100:8 4x2, GPU corpus #142); a permute of each device
+  to itself moves nothing either. A permute between devices is kept."""
+  permutes = textwrap.dedent("""\
+      %none = f32[8]{0} collective-permute(%a), channel_id=5, source_target_pairs={}
+      %self = f32[8]{0} collective-permute(%a), channel_id=6, source_target_pairs={{0,0},{1,1}}
+      %ring = f32[8]{0} collective-permute(%a), channel_id=7, source_target_pairs={{0,1},{1,0}}
+      ROOT %r = f32[8]{0} copy(%a)""")
+  text = HLO.replace("  ROOT %r = f32[8]{0} copy(%a)", permutes)
+  colls, _ = H.parse_collectives(text, (4, 2))
+  names = {c.name for c in colls}
+  assert "ring" in names and not names & {"none", "self"}
+
+
 def test_a_host_computation_ends_where_its_brace_does():
   """Under host offload XLA closes a host computation with
   '}, execution_thread="host"' (llama2_7b v5p-32 8x2 b64
