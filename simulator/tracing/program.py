@@ -710,7 +710,13 @@ class _Walker:
         for x in cur:
           if a in x:
             x.remove(a)
-        if (self._key(var), a) in gathered:
+        # On a GPU each matmul gathers its own operand: XLA:GPU leaves two
+        # gathers of one value where two matmuls read it (gpt2 h100:8 4x2,
+        # GPU corpus #142: all-gather-start.3 and .6 of the MLP output
+        # gradient for its weight and input gradients, replica groups
+        # written [4,2]<=[8] and as mesh axes, so not CSE'd); an upper
+        # bound where it merges them (llama2_7b a100:2x8 8x2 zero2, #123).
+        if (self._key(var), a) in gathered and self.cse:
           continue
         gathered.add((self._key(var), a))
         self._emit(ctx, "all-gather", a, shape, tuple(map(tuple, cur)),
