@@ -24,7 +24,8 @@ from simulator.tracing.trace import trace
 def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
               y: int, d: int = 1):
   """The memory estimate, the traced program (its collectives and
-  matmuls) at the config's own batch and that program's fingerprint. Under `--schedule=1f1b` the estimate
+  matmuls) at the config's own batch and that program's fingerprint
+  (simulator.tracing.fingerprint). Under `--schedule=1f1b` the estimate
   is the traced GPipe program's: that is the program XLA compiles, and the
   1F1B rule (simulator.memory.schedule) says what a 1F1B runtime would hold
   instead, which no compile shows (llama2_7b v5p-32 4x2 pp=2 b256 M=8, #131:
