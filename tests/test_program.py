@@ -12,7 +12,7 @@ from meshes.topology import parse_topology
 from models.presets import PRESETS
 from simulator.settings import TrainSettings
 from simulator.tracing import program
-from simulator.tracing.trace import trace_probe
+from simulator.tracing.trace import trace, trace_probe
 
 _CTX = dict(mult=1, layer=None, phase="optimizer", depth=0, prefix="")
 
@@ -129,6 +129,41 @@ def test_a_tied_table_is_gathered_once_in_a_scope_and_an_inlined_loop():
                             gpu=True)
   assert [c.count for c in gpu.collectives if c.kind == "all-gather"
           and c.shape == (cfg.vocab_size, cfg.d_model)] == [1, 1]
+
+
+def test_heads_split_over_replicated_kv_heads_move_between_devices():
+  """8 query heads over Y = 4 split into 2 kv heads x 4 query heads per kv
+  head, sharded over Y on the latter: each device's heads are not its own
+  after the reshape, an all-to-all and a collective-permute of its bytes
+  (corpus #126, GPU #48); with Y = 2 dividing the kv heads nothing moves."""
+  cfg = dataclasses.replace(PRESETS["tiny"], n_heads=8, n_kv_heads=2)
+  settings = TrainSettings(batch=8, seq=64, remat="none", shard="zero3")
+
+  def moved(x, y):
+    plan = plan_mesh(parse_topology("v5p-16"), x, y)
+    read = program.read_traced(trace(cfg, settings, abstract_mesh(plan)))
+    return [(c.kind, c.axis, c.bytes_per_device) for c in read.collectives
+            if c.source.endswith("attn") and c.kind in ("all-to-all",
+                                                        "permute")]
+
+  local = 8 // 2 * 64 * (8 // 4) * cfg.head_dim * 2  # b, s, heads, bf16
+  # forward: the heads split and merged back; backward: their transposes
+  assert moved(2, 4) == [("all-to-all", "Y", local), ("permute", "Y", local)] * 4
+  assert moved(4, 2) == []
+
+
+def test_on_a_gpu_each_matmul_gathers_its_own_operand():
+  """A layer's output gradient, sharded over Y, read by its weight
+  gradient and its input gradient: one gather on a TPU (CSE), two on a GPU
+  (GPU corpus #142: all-gather-start.3 and .6 of one value)."""
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  traced = trace_probe(PRESETS["tiny"], TrainSettings(
+      batch=8, seq=64, remat="none", shard="zero3"), abstract_mesh(plan))
+  gathers = lambda gpu: sum(
+      1 for c in program.read_traced(traced, gpu=gpu).collectives
+      if c.kind == "all-gather" and c.axis == "Y"
+      and c.source.endswith("mlp/wo/bsf,fd->bsd"))
+  assert (gathers(False), gathers(True)) == (1, 2)
 
 
 def test_qloras_index_lookup_splits_back_without_a_gather():

@@ -106,9 +106,12 @@ FAST = [i for i, c in enumerate(CASES) if c.model in ("gpt2", "tiny")]
 @pytest.mark.parametrize("index", FAST)
 def test_the_docs_state_what_the_model_gives_on_kept_rows(index):
   """experiments/validation.md is today's model on the kept compiles: each
-  small row re-checked here gives the table's figures, and arguments are
-  exact to the byte."""
+  small row, compiled from the program traced today, re-checked here gives
+  the table's figures, and arguments are exact to the byte."""
   row = crosscheck.recheck(_kept()[index])
+  # the kept compile is of the program today's code traces (else recompile
+  # it: validation_matrix --only=index)
+  assert row["program"] == "same", index
   errors = row["relative_error"]
   assert errors["arguments"] == 0
   doc = _doc_rows()[index]

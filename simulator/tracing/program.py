@@ -548,6 +548,8 @@ class _Walker:
         self._reduce(eqn, ectx, source, any_data, out_critical, pending)
       elif (name in _UNARY or _bitcast_broadcast(eqn)) and eqn.invars and isvar(
           eqn.invars[0]):
+        if name == "reshape":
+          self._reshape(eqn, ectx, source, any_data, out_critical)
         if name == "convert_element_type" and self.cse:
           self._keys[eqn.outvars[0]] = (name, str(eqn.outvars[0].aval.dtype),
                                         self._key(eqn.invars[0]))
@@ -670,6 +672,36 @@ class _Walker:
       else:
         self._emit(ctx, "all-to-all", a, shape, src, dtype, source, data,
                    critical)
+
+  def _reshape(self, eqn, ctx, source, data, critical) -> None:
+    """A reshape that moves a dim's sharding over an axis to a dim with more
+    (or fewer) elements before it: each device's rows are not its own
+    after it, and the SPMD partitioner moves them with an all-to-all over
+    part of the axis and a collective-permute over it, each of the device's
+    bytes. The step's query heads split into kv heads x query heads per kv
+    head, sharded over Y on the latter, where Y divides the second but not
+    the number of kv heads (mixtral_mini v5p-16 2x4, 8 heads over 2 kv
+    heads: corpus #126's all-to-all.50 and collective-permute-start, 33.5
+    MB each, for each such reshape of a layer; on a GPU #48; the tiny model
+    with 8 or 16 heads over 2 kv heads at Y = 4 and 8, probed: one of each
+    per reshape). Not where one axis shards two dims, or a dim two axes."""
+    x, out = eqn.invars[0], eqn.outvars[0]
+    src = _spec(x.aval, len(x.aval.shape))
+    dst = _spec(out.aval, len(out.aval.shape))
+    for a in self.sizes:
+      if not self._active(a):
+        continue
+      before = [i for i, axes in enumerate(src) if a in axes]
+      after = [i for i, axes in enumerate(dst) if a in axes]
+      if (len(before) != 1 or len(after) != 1 or src[before[0]] != (a,)
+          or dst[after[0]] != (a,)):
+        continue
+      if (math.prod(x.aval.shape[:before[0]])
+          == math.prod(out.aval.shape[:after[0]])):
+        continue  # each device's rows are its own after the reshape
+      for kind in ("all-to-all", "permute"):
+        self._emit(ctx, kind, a, out.aval.shape, dst, out.aval.dtype, source,
+                   data, critical)
 
   def _dot(self, eqn, ctx, source, in_data, critical, pending, gathered):
     lhs, rhs = eqn.invars
