@@ -22,6 +22,7 @@ import hashlib
 import numpy as np
 from jax.extend import core as jcore
 
+from simulator.tracing.program import subjaxprs
 from simulator.tracing.trace import spec_of
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -52,18 +53,14 @@ def _walk(jaxpr, out: list) -> None:
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   out.append(("in", tuple(_aval(v) for v in jaxpr.invars)))
   for eqn in jaxpr.eqns:
-    params = []
-    for key in sorted(eqn.params):
-      value = eqn.params[key]
-      inner = [v for v in (value if isinstance(value, (tuple, list))
-                           else (value,))
-               if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr))]
-      if inner:
-        for sub in inner:
-          out.append(("call", key))
-          _walk(sub, out)
-      elif key != "name" and (plain := _plain(value)) is not None:
-        params.append((key, plain))
+    calls = sorted(subjaxprs(eqn), key=lambda call: call[0])  # stable
+    for key, sub in calls:
+      out.append(("call", key))
+      _walk(sub, out)
+    called = {key for key, _ in calls}
+    params = [(key, plain) for key in sorted(eqn.params)
+              if key not in called and key != "name"
+              and (plain := _plain(eqn.params[key])) is not None]
     out.append((eqn.primitive.name,
                 tuple(_aval(v) for v in eqn.invars
                       if not isinstance(v, jcore.Literal)),
