@@ -24,19 +24,18 @@ from simulator.tracing.trace import trace
 def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
               y: int, d: int = 1):
   """The memory estimate, the traced program (its collectives and
-  matmuls) at the config's own batch and that program's fingerprint
-  (simulator.tracing.fingerprint). Under `--schedule=1f1b` the estimate
-  is the traced GPipe program's: that is the program XLA compiles, and the
-  1F1B rule (simulator.memory.schedule) says what a 1F1B runtime would hold
-  instead, which no compile shows (llama2_7b v5p-32 4x2 pp=2 b256 M=8, #131:
+  matmuls) at the config's own batch and the trace it was read off. Under
+  `--schedule=1f1b` the estimate is the traced GPipe program's: that is
+  the program XLA compiles, and the 1F1B rule (simulator.memory.schedule)
+  says what a 1F1B runtime would hold instead, which no compile shows
+  (llama2_7b v5p-32 4x2 pp=2 b256 M=8, #131:
   XLA holds all nine iterations' stage activations, bf16[9,16,1,8,2048,2048],
   where the rule keeps two)."""
   plan = plan_mesh(parse_topology(topology), x, y, P=settings.pp, D=d)
   estimate = memory.memory_report(
       cfg, dataclasses.replace(settings, schedule="gpipe"), plan)
   traced = trace(cfg, settings, abstract_mesh(plan))
-  return (estimate, read_for_plan(traced, plan),
-          program_fingerprint(traced.jaxpr))
+  return estimate, read_for_plan(traced, plan), traced
 
 
 def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
@@ -92,13 +91,14 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
   config = row["config"]
   target = config.get("target") or config["topology"]
   x, y, d = parse_mesh_name(config["mesh"])
-  estimate, program, fingerprint = _symbolic(
+  estimate, program, traced = _symbolic(
       load_model(config["model"]), settings_of(config), config["topology"],
       x, y, d)
   sym = compiled.symbolic_side(estimate, target)
   kept = (row.get("compiled") or row.get("oom") or {}).get("program")
-  row = {**row, "program": ("unknown" if not kept else
-                            "same" if kept == fingerprint else "changed")}
+  row = {**row, "program": (
+      "unknown" if not kept else
+      "same" if kept == program_fingerprint(traced.jaxpr) else "changed")}
   if "oom" in row:
     needed = row["oom"].get("peak_bytes") or row["oom"]["temp_bytes"]
     return {**row, "symbolic": sym,
