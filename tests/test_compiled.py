@@ -63,6 +63,26 @@ def test_parse_collectives_axes_bytes_and_trip_counts():
   assert summary["all-gather@Y"]["out_bytes"] == 3 * 64
 
 
+def test_xla_mesh_groups_with_their_own_device_order():
+  """XLA:GPU writes a 4x2 plan's Y as its own [2,4] mesh over devices
+  listed transposed (gpt2 h100:8 4x2 b8, GPU corpus #75, all-gather-start.7);
+  a list of devices reads the same; an order that is not one of the
+  mesh's devices matches no axis."""
+  groups = ("mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) "
+            "{'axis_0'}")
+  listed = "mesh['axis_0'=2,'axis_1'=4], device_ids=(0,2,4,6,1,3,5,7) {'axis_0'}"
+  bad = "mesh['axis_0'=2,'axis_1'=4], device_ids=(0,0,4,6,1,3,5,7) {'axis_0'}"
+  lines = "\n".join(
+      f"  %g{i} = f32[16]{{0}} all-gather(%a), channel_id={10 + i}, "
+      f"replica_groups={spec}, dimensions={{0}}, use_global_device_ids=true"
+      for i, spec in enumerate((groups, listed, bad)))
+  text = HLO.replace("  ROOT %r = f32[8]{0} copy(%a)",
+                     lines + "\n  ROOT %r = f32[8]{0} copy(%a)")
+  by = {c.name: c for c in H.parse_collectives(text, (4, 2))[0]}
+  assert by["g0"].axes == ("Y",) == by["g1"].axes
+  assert by["g2"].axes is None
+
+
 def test_a_permute_that_sends_nothing_is_no_collective():
   """XLA:GPU leaves collective-permutes with no source-target pairs in the
   layer loop (gpt2 h100:8 4x2, GPU corpus #142); a permute of each device

@@ -13,7 +13,8 @@ For each all-gather / all-reduce / reduce-scatter / all-to-all / collective-perm
                 while loops (the scan over layers) that contain it
 
 Replica groups come in three spellings, all handled: explicit `{{0,1},{2,3}}`, iota
-`[2,4]<=[4,2]T(1,0)`, and mesh-style `mesh['axis_0'=4,'axis_1'=2] {'axis_0'}`. With
+`[2,4]<=[4,2]T(1,0)`, and mesh-style `mesh['axis_0'=4,'axis_1'=2] {'axis_0'}` (with
+`device_ids=(...)` where XLA's mesh lists the devices in another order). With
 `use_global_device_ids` the ids are positions in the flattened mesh (the device
 assignment), not `device.id`, so axes are recovered from mesh coordinates.
 
@@ -228,6 +229,25 @@ def _iota_groups(spec: str) -> list[list[int]] | None:
   return ids.reshape(out_shape).reshape(-1, out_shape[-1]).tolist()
 
 
+def _mesh_device_ids(spec: str | None, n: int) -> np.ndarray | None:
+  """The device at each position of XLA's mesh, flattened: its order unless
+  `device_ids=(...)` names another, an iota `[4,2]T(1,0)` or a list (XLA:GPU
+  writes `mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_0'}`
+  for the Y of a 4x2 plan: gpt2 h100:8 4x2 b8, GPU corpus #75)."""
+  if not spec:
+    return np.arange(n)
+  m = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", spec.strip())
+  if m:
+    ids = np.arange(n).reshape([int(d) for d in m.group(1).split(",")])
+    if m.group(2):
+      ids = ids.transpose([int(d) for d in m.group(2).split(",")])
+    return ids.reshape(-1)
+  if re.fullmatch(r"[\d,\s]+", spec):
+    ids = np.array([int(d) for d in spec.split(",") if d.strip()])
+    return ids if sorted(ids.tolist()) == list(range(n)) else None
+  return None
+
+
 def _axes_of_groups(groups: Sequence[Sequence[int]], mesh_shape: Sequence[int],
                     axis_names: Sequence[str]) -> tuple[str, ...] | None:
   n = math.prod(mesh_shape)
@@ -259,16 +279,18 @@ def _axes_of_pairs(pairs: Sequence[tuple[int, int]], mesh_shape: Sequence[int],
 
 
 def _groups_and_axes(line: str, mesh_shape, axis_names):
-  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\]"
+                r"(?:,\s*device_ids=\(([^)]*\)?)\))?\s*\{([^}]*)\}", line)
   if m:  # XLA's own mesh, whose axes need not be ours (32 for D2x16x1)
     named = re.findall(r"'(\w+)'\s*=\s*(\d+)", m.group(1))
     names, sizes = [n for n, _ in named], [int(v) for _, v in named]
-    chosen = re.findall(r"'(\w+)'", m.group(2))
+    chosen = re.findall(r"'(\w+)'", m.group(3))
     idx = sorted(names.index(c) for c in chosen if c in names)
-    if math.prod(sizes) != math.prod(mesh_shape):
+    ids = _mesh_device_ids(m.group(2), math.prod(sizes))
+    if math.prod(sizes) != math.prod(mesh_shape) or ids is None:
       return m.group(0), None
     rest = [i for i in range(len(sizes)) if i not in idx]
-    groups = np.arange(math.prod(sizes)).reshape(sizes).transpose(
+    groups = ids.reshape(sizes).transpose(
         rest + idx).reshape(-1, math.prod(sizes[i] for i in idx)).tolist()
     return m.group(0), _axes_of_groups(groups, mesh_shape, axis_names)
   m = re.search(r"replica_groups=(\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", line)
