@@ -2,6 +2,7 @@
 carry fixpoint), and the data-only walk the fixpoint runs, which must find
 what the full walk finds."""
 
+import collections
 import dataclasses
 
 import jax
@@ -12,6 +13,7 @@ from meshes.topology import parse_topology
 from models.presets import PRESETS
 from simulator.settings import TrainSettings
 from simulator.tracing import program
+from simulator.tracing.batch_probe import carries_batch
 from simulator.tracing.trace import trace, trace_probe
 
 _CTX = dict(mult=1, layer=None, phase="optimizer", depth=0, prefix="")
@@ -152,18 +154,48 @@ def test_heads_split_over_replicated_kv_heads_move_between_devices():
   assert moved(4, 2) == []
 
 
-def test_on_a_gpu_each_matmul_gathers_its_own_operand():
-  """A layer's output gradient, sharded over Y, read by its weight
-  gradient and its input gradient: one gather on a TPU (CSE), two on a GPU
-  (GPU corpus #142: all-gather-start.3 and .6 of one value)."""
-  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
-  traced = trace_probe(PRESETS["tiny"], TrainSettings(
-      batch=8, seq=64, remat="none", shard="zero3"), abstract_mesh(plan))
-  gathers = lambda gpu: sum(
-      1 for c in program.read_traced(traced, gpu=gpu).collectives
-      if c.kind == "all-gather" and c.axis == "Y"
-      and c.source.endswith("mlp/wo/bsf,fd->bsd"))
-  assert (gathers(False), gathers(True)) == (1, 2)
+def test_on_a_gpu_a_gather_made_inside_a_group_is_the_matmuls_own():
+  """A layer's output gradient, sharded over Y, read by its input gradient
+  and its weight gradient. On a TPU one gather (CSE). On a GPU the SPMD
+  partitioner groups the input gradient's devices on the smaller side:
+  with a small batch on the weight, the gradient resharded first and that
+  reshard reused by the weight gradient (GPU corpus #75, gpt2 4x2 b8: one
+  gather); with a large batch on the gradient itself, gathered inside the
+  group and again for the weight gradient (#142, b256: all-gather-start.3
+  and .6 of one value)."""
+  def gathers(topology, batch):
+    plan = plan_mesh(parse_topology(topology), 4, 2)
+    traced = trace(PRESETS["tiny"], TrainSettings(
+        batch=batch, seq=64, remat="none", shard="zero3"), abstract_mesh(plan))
+    read = program.read_traced(traced, gpu=topology.startswith("h100"))
+    return sum(1 for c in read.made() if c.kind == "all-gather"
+               and c.axis == "Y" and c.source.endswith("mlp/wo/bsf,fd->bsd"))
+  assert [gathers("v5p-16", b) for b in (8, 256)] == [1, 1]
+  assert [gathers("h100:8", b) for b in (8, 256)] == [1, 2]
+
+
+def test_a_gather_made_at_some_batches_is_read_off_the_probe_trace():
+  """The probe-batch trace keeps each grouping's gathers with the
+  condition under which the partitioner makes them: read at a batch, they
+  are the gathers of the step traced at that batch, bytes and all."""
+  plan = plan_mesh(parse_topology("h100:8"), 4, 2)
+  settings = lambda b: TrainSettings(batch=b, seq=64, remat="none",
+                                     shard="zero3")
+  probe = trace_probe(PRESETS["tiny"], settings(8), abstract_mesh(plan))
+  traced_batch = probe.step.batch["inputs"].shape[0]
+  read = program.read_traced(probe, gpu=True)
+  assert any(c.present_if is not None for c in read.collectives)
+  for batch in (8, 16, 64, 256):
+    t = batch / traced_batch
+    at = collections.Counter(
+        (c.kind, c.axis, c.source, c.count,
+         c.bytes_per_device * (t if carries_batch(c.shape) else 1))
+        for c in read.collectives if c.present(t))
+    direct = program.read_traced(trace(PRESETS["tiny"], settings(batch),
+                                       abstract_mesh(plan)), gpu=True)
+    assert at == collections.Counter(
+        (c.kind, c.axis, c.source, c.count, c.bytes_per_device)
+        for c in direct.made()), batch
 
 
 def test_qloras_index_lookup_splits_back_without_a_gather():

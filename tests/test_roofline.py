@@ -235,3 +235,28 @@ def test_host_copies_take_the_host_link_and_only_their_excess_is_exposed():
       est.step_time - est.exposed_host + stalled.exposed_host)
   plain = R.fit_mesh(cfg, dataclasses.replace(settings, offload=()), plan)
   assert R.step_estimate(plain, settings.tokens, hw).t_host == 0.0
+
+
+def test_a_collective_made_at_some_batches_counts_only_there():
+  """On a GPU a layer's output gradient is gathered once at small batches
+  and twice at large ones (simulator.tracing.program, `_grouped_side`):
+  the model fitted at the probe batch times the gathers of the batch it
+  is read at, those the step traced at that batch makes."""
+  from meshes.layout import abstract_mesh
+  from simulator.tracing import program
+  from simulator.tracing.trace import trace
+  plan = plan_mesh(parse_topology("h100:8"), 4, 2)
+  settings = TrainSettings(batch=8, seq=64, remat="none", shard="zero3")
+  model = R.fit_mesh(PRESETS["tiny"], settings, plan)
+  assert any(t.present_if is not None for t in model.terms)
+  for batch in (8, 256):
+    tokens = batch * settings.seq
+    fitted = sum((t.b0 + t.b1 * tokens) * t.count for t in model.terms
+                 if t.kind == "all-gather" and t.axis == "Y"
+                 and t.present(tokens, 1.0, 1.0))
+    direct = program.read_traced(trace(
+        PRESETS["tiny"], dataclasses.replace(settings, batch=batch),
+        abstract_mesh(plan)), gpu=True)
+    assert fitted == pytest.approx(sum(
+        c.bytes_per_device * c.count for c in direct.made()
+        if c.kind == "all-gather" and c.axis == "Y"), rel=1e-9), batch

@@ -60,8 +60,8 @@ def collectives(traced, plan: MeshPlan | None = None) -> list[Collective]:
   simulator.tracing.program.read_for_plan).
   """
   if plan is None:
-    return read_traced(traced).collectives
-  return read_for_plan(traced, plan).collectives
+    return read_traced(traced).made()
+  return read_for_plan(traced, plan).made()
 
 
 def axis_bandwidth(plan: MeshPlan, axis: str, link_bandwidth: float,

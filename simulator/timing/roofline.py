@@ -61,7 +61,7 @@ from models import pipeline
 from models.pipeline import iterations
 from simulator.tracing.batch_probe import carries_batch, require_probe
 from simulator.timing.comms import collective_cost
-from simulator.tracing.program import Program, read_for_plan
+from simulator.tracing.program import Condition, Program, read_for_plan
 from simulator.settings import TrainSettings
 from simulator.tracing.trace import Traced, trace_probe
 
@@ -119,6 +119,14 @@ class Term:
   x_exp: int
   y_exp: int
   windowed: bool = False  # libtpu's windowed einsum loop (Collective.windowed)
+  # made only where this holds (program.Collective.present_if), read at
+  # tokens / tokens0 and the mesh's X and Y over the fitted plan's
+  present_if: Condition | None = None
+  tokens0: float = 1.0
+
+  def present(self, tokens: float, x: float, y: float) -> bool:
+    return self.present_if is None or self.present_if.holds(
+        tokens / self.tokens0, x, y)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,7 +268,7 @@ def fit(program: Program, tokens: int, plan: MeshPlan, seq: int,
   for c in program.collectives:
     terms.append(Term(c.kind, c.axis, c.layer, c.phase, c.source, c.count,
                       c.overlappable, *split(c.bytes_per_device, c.shape),
-                      c.x_exp, c.y_exp, c.windowed))
+                      c.x_exp, c.y_exp, c.windowed, c.present_if, tokens))
   work = []
   tile = plan.topology.chip.mxu_size
   for d in program.dots:
@@ -320,7 +328,7 @@ def _layer_times(model: MeshModel, tokens: float, hw: Hardware, phases,
     r[1] += w.f1 * s / hw.time_flops
     r[6] += w.g1 * w.count
   for t in model.terms:
-    if t.phase not in phases:
+    if t.phase not in phases or not t.present(tokens, X / X0, Y / Y0):
       continue
     n = {"X": X, "Y": Y}.get(t.axis) or plan.size(t.axis)
     s = (X0 / X) ** t.x_exp * (Y0 / Y) ** t.y_exp
@@ -350,14 +358,23 @@ def _threshold(m0, m1, c0, c1) -> float:
 
 def threshold_tokens(model: MeshModel, hw: Hardware, pass_: str = "step",
                      X: float | None = None, Y: float | None = None) -> float:
-  """Smallest global tokens at which every layer with FLOPs is compute-bound."""
+  """Smallest global tokens at which every layer with FLOPs is compute-bound.
+  Where a collective is made only at some batches (Term.present_if), the
+  collectives are those of the batch the threshold lands on: read again
+  there until it stays (a few rounds)."""
   X = model.plan.X if X is None else X
   Y = model.plan.Y if Y is None else Y
-  best = 0.0
-  for layer, (m0, m1, c0, c1, _, _, _) in _layer_times(
-      model, 0.0, hw, PASSES[pass_], X, Y).items():
-    if m1 > 0:
-      best = max(best, _threshold(m0, m1, c0, c1))
+  at = 0.0
+  for _ in range(4):
+    best = 0.0
+    for layer, (m0, m1, c0, c1, _, _, _) in _layer_times(
+        model, at, hw, PASSES[pass_], X, Y).items():
+      if m1 > 0:
+        best = max(best, _threshold(m0, m1, c0, c1))
+    if (best == at or not math.isfinite(best)
+        or all(t.present_if is None for t in model.terms)):
+      break
+    at = best
   return best
 
 

@@ -48,6 +48,43 @@ _REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
            "reduce_and", "reduce_or", "argmax", "argmin"}
 
 
+@dataclasses.dataclass(frozen=True)
+class SizeTest:
+  """Whether p < q (or, with `want` False, not), two per-device figures
+  read at the traced mesh and batch, each scaling as (X/X0)^x · (Y/Y0)^y ·
+  (T/T0)^t at another mesh of the class and another global token count T:
+  a choice the SPMD partitioner makes by sizes (`_Walker._grouped_side`)."""
+
+  p: float
+  px: int
+  py: int
+  pt: int
+  q: float
+  qx: int
+  qy: int
+  qt: int
+  want: bool = True
+
+  def holds(self, t: float = 1.0, x: float = 1.0, y: float = 1.0) -> bool:
+    p = self.p * x ** self.px * y ** self.py * t ** self.pt
+    q = self.q * x ** self.qx * y ** self.qy * t ** self.qt
+    return (p < q) == self.want
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+  """When a collective is made: every test of `all_of` holds and no
+  conjunction of `none_of` does (an earlier gather of the value it would
+  share holds there)."""
+
+  all_of: tuple[SizeTest, ...] = ()
+  none_of: tuple[tuple[SizeTest, ...], ...] = ()
+
+  def holds(self, t: float = 1.0, x: float = 1.0, y: float = 1.0) -> bool:
+    every = lambda tests: all(s.holds(t, x, y) for s in tests)
+    return every(self.all_of) and not any(map(every, self.none_of))
+
+
 @dataclasses.dataclass
 class Collective:
   """One collective of the step.
@@ -78,10 +115,16 @@ class Collective:
   # libtpu's windowed einsum (simulator.tracing.windowed): collective-permutes
   # over Y that its loop overlaps with the matmul's own partial products.
   windowed: bool = False
+  # made only where this holds (None: always); `present`
+  present_if: Condition | None = None
 
   @property
   def overlappable(self) -> bool:
     return self.prefetchable or self.deferrable or self.windowed
+
+  def present(self, t: float = 1.0, x: float = 1.0, y: float = 1.0) -> bool:
+    """Made at T/T0 = t, X/X0 = x, Y/Y0 = y (the traced step: all 1)."""
+    return self.present_if is None or self.present_if.holds(t, x, y)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +195,11 @@ class Program:
   mesh_sizes: dict[str, int]
   traffic: list[Traffic] = dataclasses.field(default_factory=list)
   host: list[HostCopy] = dataclasses.field(default_factory=list)
+
+  def made(self) -> list[Collective]:
+    """The collectives of the step at the mesh and batch it was traced at
+    (`collectives` also holds those another batch or mesh would make)."""
+    return [c for c in self.collectives if c.present()]
 
 
 def dot_result_dims(eqn) -> tuple[dict[int, int], dict[int, int]]:
@@ -376,7 +424,7 @@ class _Walker:
     return self.sizes.get(axis, 1) > 1
 
   def _emit(self, ctx, kind, axis, shape, spec, dtype, source, data, critical,
-            nbytes=None):
+            nbytes=None, present_if=None):
     if not self._active(axis):
       return None
     ex, ey = _exps(spec)
@@ -387,9 +435,21 @@ class _Walker:
         count=ctx["mult"], source=source, layer=ctx["layer"],
         phase=ctx["phase"], prefetchable=not data, deferrable=not critical,
         dtype=str(jax.numpy.dtype(dtype)), shape=tuple(shape), x_exp=ex,
-        y_exp=ey)
+        y_exp=ey, present_if=present_if)
     self.collectives.append(c)
     return c
+
+  @staticmethod
+  def _gather_once(gathered: set, key, axis: str, when=()):
+    """A gather of `key` over `axis` shared with this scope's earlier ones
+    (XLA's CSE; on a GPU the SPMD partitioner's reuse of a reshard), made
+    where `when` holds: False if never made, None if always, else the
+    Condition under which it is (where no earlier one is); kept for later."""
+    earlier = tuple(c for k, a, c in gathered if (k, a) == (key, axis))
+    gathered.add((key, axis, tuple(when)))
+    if () in earlier:
+      return False
+    return Condition(tuple(when), earlier) if when or earlier else None
 
   # -- the walk ------------------------------------------------------------
   def _key(self, v):
@@ -651,12 +711,12 @@ class _Walker:
       if sd and not dd:
         for i in sd:
           cur[i].remove(a)
-        if (self._key(x), a) in gathered or (self.cse and _round_trip(
-            out, a, sd, readers)):
+        if self.cse and _round_trip(out, a, sd, readers):
           continue
-        gathered.add((self._key(x), a))
-        self._emit(ctx, "all-gather", a, shape, tuple(map(tuple, cur)), dtype,
-                   source, data, critical)
+        when = self._gather_once(gathered, self._key(x), a)
+        if when is not False:
+          self._emit(ctx, "all-gather", a, shape, tuple(map(tuple, cur)),
+                     dtype, source, data, critical, present_if=when)
       elif dd and not sd:
         recs = pending.get(x, ())
         if _over_replicas(recs):  # `_replicas_sum_on_shard`
@@ -672,6 +732,60 @@ class _Walker:
       else:
         self._emit(ctx, "all-to-all", a, shape, src, dtype, source, data,
                    critical)
+
+  def _grouped_side(self, eqn) -> tuple[str | None, SizeTest | None]:
+    """The operand ('l' or 'r') on whose non-contracting dims XLA's SPMD
+    partitioner groups the devices of a matmul, or None where it would not
+    (batch dims sharded: grouped on them first; no operand's non-contracting
+    sharding kept whole by the result), and, where that turns on the batch
+    or the mesh's sizes, the test that holds where it groups on the lhs.
+    Its dot handler
+    (`PartitionDotGroupOnNonContractingDims`) reshards the other operand
+    first, as any reshard (kept and reused by the matmuls after it), and
+    gathers what the grouped operand needs inside the group, for this
+    matmul alone. Where both could be grouped it takes the lhs iff lhs
+    partitions x the rhs's per-device bytes < rhs partitions x the lhs's
+    (`LhsIsBestMatchForNonContractingPartitioning`). gpt2 h100:8 4x2 (GPU
+    corpus #75), the recomputed MLP input's product with its weight: at b8
+    (1.5 MB of input a device against 2.4 MB of weight) grouped on the
+    weight, the input's gather over Y (all-gather.15 after the SPMD
+    partitioner) is the one the weight gradient reads again; at b32 (6.3
+    MB) grouped on the input, its gather is made inside the group
+    (sharding {replicated}) and the weight gradient gathers it again
+    (all-gather.32)."""
+    lhs, rhs = eqn.invars
+    out = eqn.outvars[0]
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    Ls = _spec(lhs.aval, len(lhs.aval.shape))
+    Rs = _spec(rhs.aval, len(rhs.aval.shape))
+    Os = _spec(out.aval, len(out.aval.shape))
+    of_l, of_r = dot_result_dims(eqn)
+    parts = lambda axes: math.prod(self.sizes[a] for a in axes
+                                   if self._active(a))
+    if any(parts(Os[of_l[d]]) > 1 for d in lb):
+      return None, None
+    may, nc, nc_exps = {}, {}, {}
+    for side, spec, skip, of in (("l", Ls, (*lc, *lb), of_l),
+                                 ("r", Rs, (*rc, *rb), of_r)):
+      free = [d for d in range(len(spec)) if d not in skip]
+      nc[side] = math.prod(parts(spec[d]) for d in free)
+      nc_exps[side] = _exps([tuple(a for a in spec[d] if self._active(a))
+                             for d in free])
+      may[side] = nc[side] > 1 and nc[side] == math.prod(
+          parts(Os[of[d]]) for d in free)
+    if not (may["l"] and may["r"]):
+      return ("l" if may["l"] else "r" if may["r"] else None), None
+    def side_of(partitions, exps, v, spec):  # partitions x per-device bytes
+      xe, ye = _exps(spec)
+      return (partitions * _local_bytes(v.aval.shape, spec, v.aval.dtype,
+                                        self.sizes),
+              exps[0] - xe, exps[1] - ye, int(carries_batch(v.aval.shape)))
+    test = SizeTest(*side_of(nc["l"], nc_exps["l"], rhs, Rs),
+                    *side_of(nc["r"], nc_exps["r"], lhs, Ls))
+    grouped = "l" if test.holds() else "r"
+    if (test.px, test.py, test.pt) == (test.qx, test.qy, test.qt):
+      return grouped, None
+    return grouped, test
 
   def _reshape(self, eqn, ctx, source, data, critical) -> None:
     """A reshape that moves a dim's sharding over an axis to a dim with more
@@ -735,6 +849,8 @@ class _Walker:
                          (*osh, *(ls[i] for i in lc)), matmul_kind(ls, rs, osh),
                          (contract_local, math.prod(Rl[d] for d in rfree)),
                          _hbm_bytes(((Ll, lhs), (Rl, rhs), (out_local, out)))))
+    grouped, lhs_grouped = (None, None) if self.cse else self._grouped_side(
+        eqn)
     for side, var, shape, spec, d in (("l", lhs, ls, Ls, in_data[0]),
                                       ("r", rhs, rs, Rs, in_data[1])):
       cur = [list(x) for x in spec]
@@ -742,17 +858,29 @@ class _Walker:
         for x in cur:
           if a in x:
             x.remove(a)
-        # On a GPU each matmul gathers its own operand: XLA:GPU leaves two
-        # gathers of one value where two matmuls read it (gpt2 h100:8 4x2,
-        # GPU corpus #142: all-gather-start.3 and .6 of the MLP output
-        # gradient for its weight and input gradients, replica groups
-        # written [4,2]<=[8] and as mesh axes, so not CSE'd); an upper
-        # bound where it merges them (llama2_7b a100:2x8 8x2 zero2, #123).
-        if (self._key(var), a) in gathered and self.cse:
-          continue
-        gathered.add((self._key(var), a))
-        self._emit(ctx, "all-gather", a, shape, tuple(map(tuple, cur)),
-                   var.aval.dtype, source, d, True)
+        key, spec_now = self._key(var), tuple(map(tuple, cur))
+        emit = functools.partial(self._emit, ctx, "all-gather", a, shape,
+                                 spec_now, var.aval.dtype, source, d, True)
+        # On a GPU a matmul's gather is shared with other matmuls' only
+        # where the SPMD partitioner reshards the operand before grouping
+        # the devices on the other operand (`_grouped_side`); one it makes
+        # inside the group of this operand is the matmul's own, and so is
+        # one where no grouping is known (an upper bound, kept for later
+        # reshards). Where the grouping turns on the batch or the mesh, both
+        # records are kept, each with its condition.
+        if lhs_grouped is not None:
+          mine = dataclasses.replace(lhs_grouped, want=side == "l")
+          emit(present_if=Condition((mine,)))
+          when = self._gather_once(gathered, key, a, (
+              dataclasses.replace(mine, want=not mine.want),))
+        elif self.cse or grouped not in (None, side):
+          when = self._gather_once(gathered, key, a)
+        else:
+          when = None
+          if grouped is None:
+            gathered.add((key, a, ()))
+        if when is not False:
+          emit(present_if=when)
     recs = []
     unred = _unreduced(out.aval)
     for a in partial:

@@ -51,7 +51,7 @@ def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
                                 D=d, **kwargs)
   out = compiled.compare(estimate, rep)
   out["collectives"] = compiled.compare_collectives(
-      program.collectives, rep.collective_summary())
+      program.made(), rep.collective_summary())
   out["flops"] = compiled.compare_flops(program.dots,
                                        _comparable_flops(rep.flops, target or topology))
   out["config"] = {"model": cfg.name, "topology": topology,
@@ -108,7 +108,7 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
   return {**row, "symbolic": sym,
           "relative_error": compiled.errors(sym, comp),
           "collectives": compiled.compare_collectives(
-              program.collectives, comp["collectives"]),
+              program.made(), comp["collectives"]),
           "flops": compiled.compare_flops(
               program.dots, _comparable_flops(comp.get("flops"), target))}
 
