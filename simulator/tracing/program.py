@@ -387,7 +387,8 @@ class _Walker:
     """record=False: only which values depend on the data (a loop's carry
     fixpoint needs no collectives, matmuls or traffic). gpu: XLA:GPU's
     program, whose gathers are made once per value only within one jaxpr
-    (`_key`) and are all made (`_round_trip`). windowed_einsum: the chip's
+    (`_key`) and shared between matmuls as its partitioner groups them
+    (`_grouped_side`). windowed_einsum: the chip's
     `Chip.windowed_einsum_contraction` (simulator.tracing.windowed).
     dcn_replicas: the replicas D are TPU slices (`_gather_back`)."""
     self.sizes = {a: s for a, s in sizes.items()}
@@ -711,7 +712,7 @@ class _Walker:
       if sd and not dd:
         for i in sd:
           cur[i].remove(a)
-        if self.cse and _round_trip(out, a, sd, readers):
+        if _round_trip(out, a, sd, readers):
           continue
         when = self._gather_once(gathered, self._key(x), a)
         if when is not False:
@@ -1057,8 +1058,11 @@ def _round_trip(v, axis: str, dims: set, readers: dict) -> bool:
   whole, looks them up and splits the result again: llama2_7b v5e-32 16x2
   nf4 (corpus #218) has no all-gather over Y but the activations' in its
   HLO, where the program gathers every layer's indices (48.3 GiB a step).
-  Asked on TPUs only: XLA:GPU gathers at least part of them (GPU corpus
-  #151, llama2_7b h100:2x8 8x2 QLoRA: +3.68% with them, -3.66% without)."""
+  On GPUs too: the tiny model's QLoRA step (d_model 512, h100:8 4x2, b8
+  and b256) compiled with dumps holds no int32 all-gather, every gather
+  over Y an activation's (GPU corpus #151, llama2_7b h100:2x8 8x2 QLoRA:
+  +15.19% with them, +7.57% without; the reading that XLA:GPU gathered
+  part of them was made while the walker merged every value's gathers)."""
   todo, seen = [v], set()
   while todo:
     u = todo.pop()
