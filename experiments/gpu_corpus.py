@@ -387,6 +387,17 @@ CASES: list[Case] = [
     # hybrid sharding), whose rules were read off TPU compiles only.
     Case("llama2_7b", "h100:2x8", "D2x8x1", 32, 2048, "full", "adamw", GC),
     Case(QWEN2_0_5B, "h100:2x8", "D2x4x2", 64, 1024, "full", "adamw", GC),
+    # Held out in session 32, after the grouping rule of the walker's GPU
+    # gathers (simulator.tracing.program, `_grouped_side`) was written:
+    # tensor-parallel plans on both sides of its size test and near it
+    # (gpt2 4x2 turns at 24 sequences: b20 shared, b28 the matmul's own).
+    Case("gpt2", "h100:8", "4x2", 20, 1024, "full", "adamw", GC),
+    Case("gpt2", "h100:8", "4x2", 28, 1024, "full", "adamw", GC),
+    Case("llama3_8b", "h100:2x8", "8x2", 256, 2048, "full", "adamw", GC),
+    Case("mistral_7b", "h100:4x8", "16x2", 64, 4096, "dots", "adamw", GC),
+    Case(GEMMA_2B, "h200:8", "2x4", 64, 2048, "full", "adamw", GC),
+    Case(QWEN2_0_5B, "a100:8", "4x2", 8, 4096, "full", "adamw", GC),
+    Case("llama2_13b", "h100:2x8", "4x4", 16, 4096, "full", "adamw", GC),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:
