@@ -154,6 +154,26 @@ def test_heads_split_over_replicated_kv_heads_move_between_devices():
   assert moved(4, 2) == []
 
 
+def test_the_encoder_outputs_gradient_leaves_the_decoder_loop_on_a_gpu():
+  """The cross-attention's k and v input gradients, partial over Y and
+  summed in each decoder layer's backward into the encoder output's
+  gradient: libtpu all-reduces that sum in the loop, once a layer (corpus
+  #245), XLA:GPU once after it (GPU corpus #38: all-reduce-start.10 of
+  bf16[8,512,1024] over Y in the entry computation)."""
+  cfg = PRESETS["tiny_t5"]
+  settings = TrainSettings(batch=8, seq=64, remat="full", shard="zero3")
+
+  def counts(topology):
+    plan = plan_mesh(parse_topology(topology), 2, 2)
+    read = program.read_traced(trace_probe(cfg, settings, abstract_mesh(plan)),
+                               gpu=topology.startswith("h100"))
+    return sorted(c.count for c in read.made() if c.kind == "all-reduce"
+                  and c.axis == "Y" and "cross_attn/v/" in c.source)
+  layers = cfg.n_layers  # the decoder's
+  assert counts("v5p-8") == [layers]
+  assert counts("h100:4") == [1]
+
+
 def test_on_a_gpu_a_gather_made_inside_a_group_is_the_matmuls_own():
   """A layer's output gradient, sharded over Y, read by its input gradient
   and its weight gradient. On a TPU one gather (CSE). On a GPU the SPMD

@@ -638,10 +638,13 @@ class _Walker:
     loop only adds into a carried accumulator runs once, after the loop, on
     the accumulated partial sums, where one all-reduce is added in; a sum
     of two that reassociation makes one (`_reassociate`) stays in the
-    loop, as XLA's T5 steps keep the encoder output's gradient, the cross-
-    attention's k and v input gradients summed over Y, in the decoder's
-    backward loop (#245, t5_3b v6e-16 8x2: collectives +0.72%, -4.99%
-    with it moved out). With a 4-chunk loss the output
+    loop on a TPU, as libtpu's T5 steps keep the encoder output's
+    gradient, the cross-attention's k and v input gradients summed over Y,
+    in the decoder's backward loop (#245, t5_3b v6e-16 8x2: collectives
+    +0.72%, -4.99% with it moved out), and is moved out on a GPU: XLA:GPU
+    reduces it once, after that loop (t5_large h100:8 4x2, GPU corpus #38:
+    `all-reduce-start.10 = bf16[8,512,1024]` over Y in the entry
+    computation; +3.76% with it in the loop, +0.15% moved out). With a 4-chunk loss the output
     projection's weight gradient, partial over X in each chunk's f32
     matmul, is reduced once in the step where the traced program reduces
     it in each of the loss's backward loop's four iterations: llava_mini
@@ -666,7 +669,7 @@ class _Walker:
       for acc in recs:
         if ((acc.record.kind == "all-reduce"
              or id(acc.record) in self._gathered_back)
-            and id(acc.record) not in self._summed):
+            and (not self.cse or id(acc.record) not in self._summed)):
           acc.record.count = ctx["mult"]
       pend[j] = None
 
