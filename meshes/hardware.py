@@ -64,6 +64,11 @@ class Chip:
   # the datasheet's peak as its denominator.
   measured_bf16_flops: float = 0.0
   measured_hbm_bandwidth: float = 0.0
+  # device_memory_size in the lent device's own XLA target config
+  # (experiments.probe_gpu): the memory free when JAX makes its pool, of
+  # which the pool is XLA_PYTHON_CLIENT_MEM_FRACTION (simulator.memory.
+  # capacity.device_memory); 0: not measured.
+  measured_memory_bytes: int = 0
   # One-way B/s between the chip and its host's memory (PCIe): what host
   # offload moves its bytes over; 0: not known, not timed.
   host_link_bandwidth: float = 0.0
@@ -187,9 +192,11 @@ CHIPS: dict[str, Chip] = {
             torus_dims=0,
             cores_per_chip=1,
             # experiments/data/h100_device.json (a lent H100 80GB HBM3,
-            # jax 0.11.2): 804.1 TFLOP/s, 2,526.7 GB/s
+            # jax 0.11.2): 804.1 TFLOP/s, 2,526.7 GB/s; its target config
+            # (h100_device_target_config.txtpb): 85,017,493,504 B
             measured_bf16_flops=8.041e14,
             measured_hbm_bandwidth=2.5267e12,
+            measured_memory_bytes=85_017_493_504,
             host_link_bandwidth=6.4e10,  # [h100] PCIe Gen5 128 GB/s both ways
         ),
         Chip(
@@ -203,6 +210,14 @@ CHIPS: dict[str, Chip] = {
             ici_links_per_chip=1,  # one logical port into the NVSwitch (18 physical links)
             torus_dims=0,
             cores_per_chip=1,
+            # experiments/data/h200_device*.json (a lent NVIDIA H200, jax
+            # 0.11.2; three runs of the probe, which read 670.0, 681.9 and
+            # 773.7 TFLOP/s, 3,692.0, 3,432.2 and 3,610.3 GB/s): the
+            # medians, 681.9 TFLOP/s and 3,610.3 GB/s; its target config
+            # (h200_device_target_config.txtpb): 150,109,880,320 B
+            measured_bf16_flops=6.819e14,
+            measured_hbm_bandwidth=3.6103e12,
+            measured_memory_bytes=150_109_880_320,
             host_link_bandwidth=6.4e10,  # [h200] PCIe Gen5 128 GB/s both ways
         ),
     )
