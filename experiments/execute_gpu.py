@@ -3,7 +3,8 @@ re-checked.
 
   python -m experiments.execute_gpu [--only=N,M] [--steps=8] --jsonl=F
       on a machine with an NVIDIA GPU: compile each single-GPU case of
-      experiments.gpu_corpus (mesh 1x1) for the local GPU, run --steps steps
+      experiments.gpu_corpus (mesh 1x1) for the local GPU's chip (h100:1 on
+      an H100, h200:1 on an H200) for that GPU, run --steps steps
       on random data, and append the compiler's figures with the measured ones
       (the allocator's peak_bytes_in_use, each step's time) to F. Each case
       runs in a fresh process: the allocator's peak counts from the process's
@@ -26,6 +27,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 
 from absl import flags
@@ -68,17 +70,42 @@ def run_index(i: int, steps: int) -> dict:
   return row
 
 
+def local_chip() -> str:
+  """The chip of experiments.gpu_corpus (LENT_CHIPS) the local GPU is, read
+  off nvidia-smi: the parent process must not start CUDA (its pool would
+  take the memory the cases' processes need)."""
+  try:
+    name = subprocess.run(["nvidia-smi", "--query-gpu=name",
+                           "--format=csv,noheader"], capture_output=True,
+                          text=True, check=True).stdout.splitlines()[0]
+  except (OSError, subprocess.CalledProcessError, IndexError):
+    cli.fail("no NVIDIA GPU here (nvidia-smi lists none): execute_gpu runs "
+             "the cases on a local GPU")
+  for chip in gpu_corpus.LENT_CHIPS:
+    if chip.upper() in name.upper().split():
+      return chip
+  cli.fail(f"the local GPU is {name!r}; the corpus has one-GPU cases for "
+           f"{', '.join(gpu_corpus.LENT_CHIPS)} only")
+
+
 def _chosen(only: str | None) -> list[int]:
+  """The cases to run: --only's (each a one-GPU case of the local GPU's
+  chip), or every one-GPU case of that chip."""
   valid = gpu_corpus.single_gpu_cases()
-  if not only:
-    return valid
   out = []
-  for part in only.split(","):
+  for part in only.split(",") if only else ():
     if not part.strip().isdigit() or int(part) not in valid:
       cli.fail(f"--only={only!r}: {part!r} is not a single-GPU case; valid: "
                f"{', '.join(map(str, valid))}")
     out.append(int(part))
-  return out
+  chip = local_chip()
+  mine = gpu_corpus.single_gpu_cases(chip)
+  for i in out:
+    if i not in mine:
+      cli.fail(f"--only={only!r}: case {i} is for "
+               f"{gpu_corpus.CASES[i].topology}, the local GPU is an {chip}; "
+               f"its cases: {', '.join(map(str, mine))}")
+  return out or mine
 
 
 @functools.cache
@@ -164,6 +191,17 @@ def table_row(r: dict) -> list[str]:
 
 
 def summary(rows: list[dict]) -> list[str]:
+  """The summary lines, each lent chip's runs apart."""
+  lines = []
+  for chip in gpu_corpus.LENT_CHIPS:
+    mine = [r for r in rows
+            if gpu_corpus.CASES[r["config"]["index"]].topology == f"{chip}:1"]
+    if mine:
+      lines += _chip_summary(mine)
+  return lines
+
+
+def _chip_summary(rows: list[dict]) -> list[str]:
   ran = [r for r in rows if "compiled" in r]
   tuned = [r for r in ran if autotuned(r["config"])]
   errs = [r["relative_error"]["peak_no_overhead"] for r in tuned]
@@ -200,6 +238,18 @@ def summary(rows: list[dict]) -> list[str]:
   return lines
 
 
+def _rates() -> str:
+  """Each lent chip's measured matmul and copy rates, as the doc states them."""
+  from meshes.topology import parse_topology  # pylint: disable=g-import-not-at-top
+  out = []
+  for name in gpu_corpus.LENT_CHIPS:
+    chip = parse_topology(f"{name}:1").chip
+    out.append(f"{name.upper()} {chip.measured_bf16_flops / 1e12:.1f} TFLOP/s "
+               f"on an 8192^3 bf16 matmul, {chip.measured_hbm_bandwidth / 1e12:.2f}"
+               " TB/s on a copy")
+  return "; ".join(out)
+
+
 def write(rows: list[dict], path: str) -> None:
   text = ["# Executed on a GPU: symbolic, compiled and measured", "",
           "Written by `python -m experiments.execute_gpu --from_jsonl="
@@ -212,8 +262,8 @@ def write(rows: list[dict], path: str) -> None:
           "after the steps (the whole process's). Error = (symbolic - XLA on "
           "the GPU) / XLA on the GPU. Step: median wall time after the first; "
           "predicted: simulator.timing.roofline at the rates the device "
-          "reached (meshes.hardware: 804.1 TFLOP/s on an 8192^3 bf16 matmul, "
-          "2.53 TB/s on a copy; experiments.probe_gpu), each matmul at the "
+          f"reached (meshes.hardware, experiments.probe_gpu: {_rates()}), "
+          "each matmul at the "
           "longer of its FLOPs and its operands' and result's bytes, plus the "
           "fusions' bytes. MFU (both columns): the model FLOPs over the step "
           "time at the datasheet's 989.5 TFLOP/s.", "", "## Summary", "",

