@@ -84,10 +84,13 @@ def _autotuned_runs() -> list[tuple[int, str]]:
 # Runs the step time is known to miss, and why (each an xfail that must
 # fail: one that starts passing says the model moved).
 STEP_TIME_MISSES = {
-    175: "qwen2-0.5b b32 on the H200 (0.74x): XLA:GPU's convert-and-transpose "
-         "fusions of the f32 logits (151,936 wide) take 841 ms a step "
-         "(experiments.profile_gpu --case=175: loop_convert_transpose_fusion "
-         "618 ms, loop_transpose_fusion 223 ms), far slower than their bytes "
+    175: "qwen2-0.5b b32 on the H200 (0.74x): in the GQA flash backward's "
+         "block loop XLA:GPU makes the scores' probabilities and gradient in "
+         "a layout whose minor dim is the 7 query heads per kv head "
+         "(bf16[32,2,512,2048,7]) and transposes them with its loop emitter "
+         "(the dumped loop_convert_transpose_fusion): 841 ms a step in "
+         "loop_convert_transpose_fusion and loop_transpose_fusion "
+         "(experiments.profile_gpu --case=175), far slower than their bytes "
          "at the copy rate, which is how the roofline times a fusion",
 }
 
