@@ -3,7 +3,7 @@ re-checked.
 
   python -m experiments.execute_gpu [--only=N,M] [--steps=8] --jsonl=F
       on a machine with an NVIDIA GPU: compile each single-GPU case of
-      experiments.gpu_corpus (mesh 1x1) for the local GPU's chip (h100:1 on
+      experiments.gpu_corpus (mesh 1x1) of the local GPU's chip (h100:1 on
       an H100, h200:1 on an H200) for that GPU, run --steps steps
       on random data, and append the compiler's figures with the measured ones
       (the allocator's peak_bytes_in_use, each step's time) to F. Each case

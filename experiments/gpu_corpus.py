@@ -401,7 +401,7 @@ CASES: list[Case] = [
     # Held out in session 32: one H200 (mesh 1x1), run on the lent H200 by
     # experiments.execute_gpu as #21-30 were on an H100; no rule was read
     # off them. Simulated before they ran: 36.32, 71.76 (#30's plan, which
-    # does not fit an H100), 118.38 (over the H200's 105.75 GiB pool: said
+    # does not fit an H100), 118.38 (over the H200's pool, 104.85 GiB: said
     # not to fit), 55.62, 82.81 and 30.29 GiB (#26's plan, the same case on
     # both chips).
     Case("gpt2", "h200:1", "1x1", 64, 1024, "dots", "adamw", GC),

@@ -73,7 +73,8 @@ class GpuBudget:
 
   def lines(self) -> tuple[Line, ...]:
     return (Line("device memory", self.device_bytes,
-                 "the driver's figure, XLA's target config device_memory_size"),
+                 "the driver's figure: XLA's target config device_memory_size, "
+                 "or a lent device's where less"),
             Line(f"XLA pool ({self.fraction:.0%})", self.pool_bytes,
                  f"{FRACTION_ENV}, default {DEFAULT_FRACTION} (JAX docs, GPU "
                  "memory allocation)"), *self.outside)
@@ -113,8 +114,8 @@ def device_memory(chip_name: str) -> int:
   from meshes.hardware import get_chip  # pylint: disable=g-import-not-at-top
   match = re.search(r"device_memory_size:\s*(\d+)",
                     gpu_target.target_config(chip_name))
-  measured = get_chip(chip_name).measured_memory_bytes
-  return min(int(match.group(1)), measured or int(match.group(1)))
+  spec, measured = int(match.group(1)), get_chip(chip_name).measured_memory_bytes
+  return min(spec, measured) if measured else spec
 
 
 def gpu_budget(plan: MeshPlan) -> GpuBudget:
