@@ -38,13 +38,23 @@ def _row(name: str, n: int, hbm: int) -> str:
   return f"  {name:<14} {_gib(n)} {100 * n / hbm:6.1f}%"
 
 
-def _budget_lines(budget: capacity.GpuBudget) -> list[str]:
-  """The GPU's memory as JAX divides it, a line per figure with its source."""
+def _budget_lines(budget: capacity.GpuBudget,
+                  estimate: memory.MemoryEstimate) -> list[str]:
+  """The GPU's memory as JAX divides it, a line per figure with its source,
+  and XLA:GPU's own memory limit within the pool."""
   lines = ["", "GPU memory as JAX divides it (per GPU):"]
   lines += [f"  {x.name:<32} {_gib(x.bytes)} GiB  ({x.source})"
             for x in budget.lines()]
   lines.append(f"  the step may use min(pool, device - outside the pool) = "
                f"{budget.capacity_bytes / GiB:.3f} GiB")
+  limit = budget.xla_memory_limit(estimate.arguments_bytes)
+  lines.append(f"  XLA:GPU schedules within the arguments + "
+               f"{capacity.XLA_GPU_SLOP_PERCENT}% of the rest of the pool = "
+               f"{limit / GiB:.3f} GiB (--xla_gpu_memory_limit_slop_factor)")
+  if estimate.compiled_comparable_peak > limit:
+    lines.append("  the simulated peak is above it: XLA:GPU rematerializes "
+                 "(recomputes values: a slower step than predicted) to come "
+                 "under it, and where it cannot, the allocation fails")
   return lines
 
 
@@ -111,7 +121,7 @@ def render(estimate: memory.MemoryEstimate, header: str,
   verdict = "fits" if estimate.fits else "does NOT fit"
   lines += host
   if budget:
-    lines += _budget_lines(budget)
+    lines += _budget_lines(budget, estimate)
   lines += [
       "",
       f"{'usable by XLA' if budget else 'HBM'} per chip {hbm / GiB:.2f} GiB: "
@@ -158,7 +168,8 @@ def main(argv):
     print(json.dumps({**memory.to_json(estimate),
                       "kv_heads_replicated": replicated,
                       "pipeline": stages,
-                      "gpu_memory": budget.to_json() if budget else None},
+                      "gpu_memory": budget.to_json(estimate.arguments_bytes)
+                                    if budget else None},
                      indent=1))
   else:
     header = f"{cli.settings_line(cfg.name, settings, cfg)}\n{plan.describe()}"

@@ -1,6 +1,8 @@
 """What a step may use per device: TPU HBM, or the GPU's memory as JAX divides
 it (pool fraction, CUDA context, NCCL buffers), each figure named."""
 
+import json
+
 import pytest
 
 from meshes.hardware import GiB
@@ -59,3 +61,30 @@ def test_h200_memory_is_what_the_lent_h200_reported(monkeypatch):
   assert capacity.device_memory("h200") == 150109880320
   assert capacity.capacity_bytes(_plan("h200:8", 8, 1)) == int(
       0.75 * 150109880320)
+
+
+def _corpus_io(index: int) -> int:
+  """A GPU corpus row's arguments and outputs, aliased ones once (what
+  XLA's GetSchedulerMemoryLimit counts as the step's inputs and outputs)."""
+  from experiments import gpu_corpus  # pylint: disable=g-import-not-at-top
+  with open(gpu_corpus.GPU_CORPUS_JSONL) as f:
+    rows = [json.loads(line) for line in f]
+  c, = [r["compiled"] for r in rows if r["config"]["index"] == index]
+  return c["argument_bytes"] + c["output_bytes"] - c["alias_bytes"]
+
+
+def test_xla_gpu_memory_limit_is_what_xla_logged_on_the_lent_gpus():
+  """XLA:GPU's rematerialization pass logged its limit where it could not
+  meet it: on the lent H200 (pool 112,583,507,968 B) for #173, "Can't
+  reduce memory use below 100.24GiB (107629834108 bytes)"; on the lent H100
+  (pool 63,763,906,560 B) for #30, 57.04 GiB. The arguments plus 95% of the
+  rest of the pool give both (the H200's 262,144 B over: the size of the
+  step's two int32 token arrays)."""
+  h200 = capacity.GpuBudget(150109880320, 0.75, 112583507968, ())
+  assert h200.xla_memory_limit(_corpus_io(173)) == 107629834108 + 262144
+  h100 = capacity.GpuBudget(85017493504, 0.75, 63763906560, ())
+  assert f"{h100.xla_memory_limit(_corpus_io(30)) / GiB:.2f}" == "57.04"
+  budget = capacity.gpu_budget(_plan("h200:1", 1, 1))
+  assert budget.to_json(10 * GiB)["xla_memory_limit_bytes"] == (
+      10 * GiB + (budget.pool_bytes - 10 * GiB) * 95 // 100)
+  assert "xla_memory_limit_bytes" not in budget.to_json()

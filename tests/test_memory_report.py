@@ -124,3 +124,24 @@ def test_replicas_hold_the_weights_of_their_x_shards():
   for kind in ("params", "optimizer"):
     assert replicas[kind] == pytest.approx(2 * fsdp[kind], rel=0.02), kind
   assert replicas["activations"] == fsdp["activations"]
+
+
+def test_gpu_report_names_xlas_memory_limit():
+  """On a GPU the report gives XLA:GPU's own limit within the pool and says
+  when the simulated peak is above it (#173's plan on an H200: XLA logged
+  100.24 GiB and could not come under it)."""
+  args = ["--model=llama2_7b", "--topology=h200:1", "--mesh=1x1",
+          "--batch=16", "--seq=2048", "--remat=dots", "--optimizer=adafactor",
+          "--precision=bf16"]
+  text = _run(*args)
+  assert text.returncode == 0, text.stderr[-2000:]
+  assert ("XLA:GPU schedules within the arguments + 95% of the rest of the "
+          "pool = 100.237 GiB") in text.stdout
+  assert "the simulated peak is above it" in text.stdout
+  out = json.loads(_run(*args, "--format=json").stdout)
+  assert out["gpu_memory"]["xla_memory_limit_bytes"] == (
+      out["arguments_bytes"] + (out["gpu_memory"]["pool_bytes"]
+                                - out["arguments_bytes"]) * 95 // 100)
+  small = _run(*args[:3], "--batch=4", *args[4:])
+  assert "XLA:GPU schedules within" in small.stdout
+  assert "the simulated peak is above it" not in small.stdout

@@ -42,6 +42,10 @@ DEFAULT_FRACTION = 0.75  # JAX docs, "GPU memory allocation"
 CUDA_CONTEXT_BYTES = 3 * GiB  # seed 002: CUDA/cuBLAS cushion, +~2-3 GB
 NCCL_CHANNELS = 32  # NCCL MAXCHANNELS
 NCCL_BUFFSIZE = 4 * MiB  # NCCL_BUFFSIZE default, 4194304
+# XLA's --xla_gpu_memory_limit_slop_factor default: the share of the pool
+# beyond the step's arguments that XLA:GPU schedules and rematerializes
+# within (see GpuBudget.xla_memory_limit).
+XLA_GPU_SLOP_PERCENT = 95
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +83,27 @@ class GpuBudget:
                  f"{FRACTION_ENV}, default {DEFAULT_FRACTION} (JAX docs, GPU "
                  "memory allocation)"), *self.outside)
 
-  def to_json(self) -> dict:
-    return {"device_bytes": self.device_bytes, "fraction": self.fraction,
-            "pool_bytes": self.pool_bytes, "capacity_bytes": self.capacity_bytes,
-            "outside": [dataclasses.asdict(x) for x in self.outside]}
+  def xla_memory_limit(self, arguments_bytes: int) -> int:
+    """The memory XLA:GPU's scheduler and rematerialization keep the step
+    within on a device: its arguments plus XLA_GPU_SLOP_PERCENT of the rest
+    of the pool (GetSchedulerMemoryLimit in XLA's gpu_hlo_schedule.cc:
+    (base - inputs and outputs) x slop / 100, base the module's
+    device_memory_size, JAX's pool on a device; the rematerialization pass
+    logs it with the arguments added). Above it XLA recomputes values, or
+    gives up and the allocation fails: the lent H200's log for #173 said
+    107,629,834,108 B, this 107,630,096,252 (262,144 B apart, the size of
+    the step's two int32 token arrays; how the pass counts them was not
+    read); the lent H100's for #30, 57.04 GiB, this 57.045 GiB."""
+    rest = self.pool_bytes - arguments_bytes
+    return arguments_bytes + rest * XLA_GPU_SLOP_PERCENT // 100
+
+  def to_json(self, arguments_bytes: int | None = None) -> dict:
+    out = {"device_bytes": self.device_bytes, "fraction": self.fraction,
+           "pool_bytes": self.pool_bytes, "capacity_bytes": self.capacity_bytes,
+           "outside": [dataclasses.asdict(x) for x in self.outside]}
+    if arguments_bytes is not None:
+      out["xla_memory_limit_bytes"] = self.xla_memory_limit(arguments_bytes)
+    return out
 
 
 def mem_fraction() -> float:
