@@ -43,6 +43,7 @@ flags.DEFINE_integer("steps", 8, "steps to run per case; the step time is the "
                      "median after the first", lower_bound=2)
 
 DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "executed_gpu.md")
+DATA = os.path.join(os.path.dirname(__file__), "data")
 OOM = "RESOURCE_EXHAUSTED"
 
 
@@ -70,6 +71,18 @@ def run_index(i: int, steps: int) -> dict:
   return row
 
 
+def lent_device_names() -> dict[str, str]:
+  """Each lent chip's device name as its probe recorded it
+  (experiments/data/CHIP_device.json): the GPU its one-GPU cases are for.
+  A variant of the chip (an H100 PCIe, an H200 NVL) has other SMs, clocks
+  or memory, and its runs would be read as the lent chip's."""
+  out = {}
+  for chip in gpu_corpus.LENT_CHIPS:
+    with open(os.path.join(DATA, f"{chip}_device.json")) as f:
+      out[json.load(f)["device_kind"]] = chip
+  return out
+
+
 def local_chip() -> str:
   """The chip of experiments.gpu_corpus (LENT_CHIPS) the local GPU is, read
   off nvidia-smi: the parent process must not start CUDA (its pool would
@@ -81,11 +94,11 @@ def local_chip() -> str:
   except (OSError, subprocess.CalledProcessError, IndexError):
     cli.fail("no NVIDIA GPU here (nvidia-smi lists none): execute_gpu runs "
              "the cases on a local GPU")
-  for chip in gpu_corpus.LENT_CHIPS:
-    if chip.upper() in name.upper().split():
-      return chip
-  cli.fail(f"the local GPU is {name!r}; the corpus has one-GPU cases for "
-           f"{', '.join(gpu_corpus.LENT_CHIPS)} only")
+  names = lent_device_names()
+  if name.strip() not in names:
+    cli.fail(f"the local GPU is {name.strip()!r}; the corpus has one-GPU "
+             f"cases for {', '.join(map(repr, names))} only")
+  return names[name.strip()]
 
 
 def _chosen(only: str | None) -> list[int]:

@@ -258,6 +258,14 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert not out.exists()
 
 
+def test_each_lent_chip_is_known_by_its_probed_device_name():
+  """execute_gpu takes the local GPU for a lent chip only under the name its
+  probe recorded (a PCIe H100 or an H200 NVL is refused, not run as the
+  lent chip's cases)."""
+  assert execute_gpu.lent_device_names() == {
+      "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}
+
+
 def test_single_gpu_cases_are_one_gpu_topologies():
   for i in gpu_corpus.single_gpu_cases():
     assert parse_topology(gpu_corpus.CASES[i].topology).chips == 1
