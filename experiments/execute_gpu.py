@@ -207,8 +207,8 @@ def summary(rows: list[dict]) -> list[str]:
   """The summary lines, each lent chip's runs apart."""
   lines = []
   for chip in gpu_corpus.LENT_CHIPS:
-    mine = [r for r in rows
-            if gpu_corpus.CASES[r["config"]["index"]].topology == f"{chip}:1"]
+    cases = set(gpu_corpus.single_gpu_cases(chip))
+    mine = [r for r in rows if r["config"]["index"] in cases]
     if mine:
       lines += _chip_summary(mine)
   return lines

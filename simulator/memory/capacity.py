@@ -87,7 +87,9 @@ class GpuBudget:
     """The memory XLA:GPU's scheduler and rematerialization keep the step
     within on a device: its arguments plus XLA_GPU_SLOP_PERCENT of the rest
     of the pool (GetSchedulerMemoryLimit in XLA's gpu_hlo_schedule.cc:
-    (base - inputs and outputs) x slop / 100, base the module's
+    (base - inputs and outputs) x slop / 100, outputs aliased to donated
+    inputs counted once, so for the train step, which donates its params
+    and optimizer state, the arguments; base the module's
     device_memory_size, JAX's pool on a device; the rematerialization pass
     logs it with the arguments added). Above it XLA recomputes values, or
     gives up and the allocation fails: the lent H200's log for #173 said
