@@ -323,7 +323,8 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   why = search.recommendation(ranked, spec.hbm_fraction)
   print(text, file=out)
   print(why, file=out)
-  tb_dir = tbw.write_sweep(run_dir, ranked, text, why, topo.chip.hbm_bytes)
+  tb_dir = tbw.write_sweep(run_dir, ranked, text, why, topo.chip.hbm_bytes,
+                           sweep.cache)
   print(f"results: {results.path}\ntensorboard: {tb_dir} "
         f"(tensorboard --logdir {tb_dir})", file=out)
   return SweepRun(run_dir, results.path, tb_dir, ranked, why)

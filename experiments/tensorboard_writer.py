@@ -86,16 +86,15 @@ class MetricsWriter:
         tag=tag, metadata=text_metadata.create_summary_metadata(display_name=tag, description=""),
         tensor=_string_tensor([markdown.encode()], ())), step)
 
-  def image(self, tag: str, image, step: int = 0, description: str = "") -> None:
-    """image: a PIL.Image (stored as PNG)."""
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    w, h = image.size
+  def image(self, tag: str, png: bytes, step: int = 0, description: str = "") -> None:
+    """png: the picture's PNG file bytes (stored as they are)."""
+    from PIL import Image
+    w, h = Image.open(io.BytesIO(png)).size  # reads the header alone
     meta = image_metadata.create_summary_metadata(
         display_name=tag, description=description)
     self._add(summary_pb2.Summary.Value(
         tag=tag, metadata=meta,
-        tensor=_string_tensor([str(w).encode(), str(h).encode(), buf.getvalue()],
+        tensor=_string_tensor([str(w).encode(), str(h).encode(), png],
                               (3,))), step)
 
   def custom_scalars(self, charts: Mapping[str, str], category: str) -> None:
@@ -225,9 +224,10 @@ def aligned(table: str) -> str:
 
 
 def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
-                recommendation: str, hbm_bytes: int) -> str:
+                recommendation: str, hbm_bytes: int, cache=None) -> str:
   """Writes the sweep's TensorBoard report into a new RUN_DIR/tensorboard[-n]:
-  at most MAX_RUNS runs, so every dashboard opens with its runs selected."""
+  at most MAX_RUNS runs, so every dashboard opens with its runs selected.
+  cache: a simulator.cache.Cache keeping the pictures (sweep_plots), or None."""
   root = new_run_dir(run_dir, "tensorboard")
   ok = [r for r in ranked if r.get("status") == "ok"]  # failed: no session
   sessions = ok[:MAX_SESSIONS]
@@ -242,11 +242,11 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
     # and breaks cells mid-word ("ran k"); a code block scrolls instead.
     w.text("sweep/ranked_table", f"```\n{aligned(table)}\n```{note}")
     w.text("sweep/recommendation", recommendation)
-    w.image("memory/breakdown", sweep_plots.memory_breakdown(ranked,
-                                                             hbm_bytes),
+    w.image("memory/breakdown", sweep_plots.memory_breakdown(
+        ranked, hbm_bytes, cache),
             description="what is live at each plan's peak, per device, "
             "stacked to the planned peak")
-    w.image("perf/mfu_heatmap", sweep_plots.mfu_heatmap(ranked),
+    w.image("perf/mfu_heatmap", sweep_plots.mfu_heatmap(ranked, cache),
             description="best predicted MFU per (X, batch)")
     w.custom_scalars({f"{tag} over batch": f"^{tag}/" for tag in CURVES},
                      "sweep curves")

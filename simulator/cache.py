@@ -1,8 +1,9 @@
 """A persistent cache of results, keyed by everything that determines them.
 
-A sweep's evaluated configs and its compile confirmations are pure functions
-of the model config, the run settings, the topology and mesh, the library
-versions and this project's own code; the key hashes all of them, so a
+A sweep's evaluated configs, its compile confirmations and its pictures are
+pure functions of the model config, the run settings, the topology and mesh
+(a picture: of the data it draws), the library versions and this project's
+own code (its experiments too: the pictures are drawn there); the key hashes all of them, so a
 repeated sweep or confirmation returns what was computed before, and any
 change (a new jax, an edited rule) misses. Entries are JSON files under
 `directory/kind/`, written whole (a temporary file renamed into place).
@@ -21,7 +22,7 @@ import tempfile
 from typing import Any
 
 _LIBRARIES = ("jax", "jaxlib", "libtpu", "flax", "optax", "numpy")
-_SOURCES = ("simulator", "models", "meshes")
+_SOURCES = ("simulator", "models", "meshes", "experiments")
 
 
 def default_dir() -> str:

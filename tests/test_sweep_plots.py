@@ -1,8 +1,13 @@
 """experiments.sweep_plots: the pictures' data, and that they render."""
 
+import io
 import math
 
+import pytest
+from PIL import Image
+
 from experiments import sweep_plots
+from simulator.cache import Cache
 
 GiB = 2**30
 
@@ -33,7 +38,42 @@ def test_heatmap_cells_best_mfu_and_no_plan():
   assert all(math.isnan(v) for v in grid[2])  # X=4 only failed
 
 
+def test_a_cell_shows_the_best_plan_that_fits():
+  """A faster plan over HBM does not hide a slower one that fits."""
+  base = dict(status="ok", X=2, Y=4, batch=8, memory={}, peak_bytes=0)
+  records = [dict(base, remat="none", mfu=0.6, fits=False),
+             dict(base, remat="full", mfu=0.4, fits=True),
+             dict(base, remat="dots", mfu=0.5, fits=False)]
+  _, _, grid, fits = sweep_plots.mfu_grid(records)
+  assert (grid[0, 0], fits[0, 0]) == (0.4, True)
+  _, _, grid, fits = sweep_plots.mfu_grid(
+      [r for r in records if not r["fits"]])
+  assert (grid[0, 0], fits[0, 0]) == (0.6, False)
+
+
+def _size(png: bytes) -> tuple[int, int]:
+  return Image.open(io.BytesIO(png)).size
+
+
 def test_pictures_render():
   records = _records()
-  assert sweep_plots.memory_breakdown(records, 95 * GiB).size[0] > 300
-  assert sweep_plots.mfu_heatmap(records).size[1] > 200
+  assert _size(sweep_plots.memory_breakdown(records, 95 * GiB))[0] > 300
+  assert _size(sweep_plots.mfu_heatmap(records))[1] > 200
+
+
+def test_a_picture_of_the_same_data_comes_from_the_cache(tmp_path,
+                                                         monkeypatch):
+  """A repeated sweep draws nothing: each picture is kept under the data it
+  draws, and a change in that data draws again."""
+  cache = Cache(str(tmp_path))
+  records = _records()
+  first = sweep_plots.mfu_heatmap(records, cache)
+  drawn = []
+  monkeypatch.setattr(sweep_plots, "_pyplot",
+                      lambda: drawn.append(1) or pytest.fail("drew again"))
+  assert sweep_plots.mfu_heatmap(records, cache) == first
+  assert not drawn
+  records[0]["mfu"] += 0.05
+  with pytest.raises(pytest.fail.Exception, match="drew again"):
+    sweep_plots.mfu_heatmap(records, cache)
+  assert not [p for p in tmp_path.rglob("*.tmp")]  # entries written whole

@@ -1,5 +1,6 @@
 """MetricsWriter: what it writes reads back with EventAccumulator."""
 
+import io
 import os
 
 from PIL import Image
@@ -18,7 +19,9 @@ def test_scalars_text_image_read_back(tmp_path):
   with tbw.MetricsWriter(str(tmp_path)) as w:
     w.scalar("memory/peak_gib", 12.5, step=64)
     w.text("sweep/note", "hello **table**")
-    w.image("memory/breakdown", Image.new("RGB", (7, 5), "red"))
+    png = io.BytesIO()
+    Image.new("RGB", (7, 5), "red").save(png, format="PNG")
+    w.image("memory/breakdown", png.getvalue())
   a = _acc(str(tmp_path))
   assert [(e.step, e.value) for e in a.Scalars("memory/peak_gib")] == [(64, 12.5)]
   assert a.Tensors("sweep/note")[0].tensor_proto.string_val == [b"hello **table**"]
