@@ -27,7 +27,10 @@ MAX_BARS = 24  # the best-ranked plans shown in the breakdown
 
 def _pyplot():
   """matplotlib's pyplot, imported where a picture is drawn (not when this
-  module is), on the file-only backend."""
+  module is), on the file-only backend; its first run on a machine builds
+  a font cache and logs it at INFO, which absl would print: not shown."""
+  import logging
+  logging.getLogger("matplotlib").setLevel(logging.WARNING)
   import matplotlib
   matplotlib.use("Agg")  # files only, no display
   import matplotlib.pyplot as plt
