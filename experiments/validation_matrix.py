@@ -7,9 +7,11 @@
       experiments.gpu_corpus for GPU clusters through the CUDA plugin, K at a
       time (here, or as Ray tasks), appending each result to F as it finishes
   python -m experiments.validation_matrix --from_jsonl=experiments/data/compiled_corpus.jsonl
+      [--workers=K] [--ray_address=...]
       recompute the symbolic side of every kept row against its compiled
-      figures (no compiling; seconds) and rewrite the table, rows in case
-      order (the file keeps them in the order they finished compiling)
+      figures (no compiling: two traces of each row's step, 1-3 s a row on
+      the 2-core machine, K rows at a time) and rewrite the table, rows in
+      case order (the file keeps them in the order they finished compiling)
 
 A config that fails to compile is a result: an out-of-HBM compile keeps the
 bytes XLA said it needed and its heap at its peak as it refused. The table
@@ -353,13 +355,20 @@ def main(argv):
   del argv
   from simulator.xla import crosscheck
   started = time.time()
-  if FLAGS.from_jsonl:
-    rows = sorted((crosscheck.recheck(r) for r in _read_rows(FLAGS.from_jsonl)),
-                  key=lambda r: r["config"].get("index", 0))
-    write(rows, _out(), started)
-    _say(f"re-checked {len(rows)} kept rows in {time.time() - started:.1f} s")
-    return
   from simulator.workers import Pool
+  if FLAGS.from_jsonl:
+    kept = _read_rows(FLAGS.from_jsonl)
+    pool = Pool(FLAGS.workers, FLAGS.ray_address)
+    try:  # each row traced twice (~2 s on 2 cores): in parallel
+      rows = sorted((future.result() for _, future in pool.as_completed(
+          crosscheck.recheck, ((r,) for r in kept))),
+                    key=lambda r: r["config"].get("index", 0))
+    finally:
+      pool.close()
+    write(rows, _out(), started)
+    _say(f"re-checked {len(rows)} kept rows {pool.where} in "
+         f"{time.time() - started:.1f} s")
+    return
   chosen = _chosen(FLAGS.only)
   pool = Pool(FLAGS.workers, FLAGS.ray_address)
   _say(f"compiling {len(chosen)} configs {pool.where}")

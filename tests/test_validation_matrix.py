@@ -161,6 +161,16 @@ def test_from_jsonl_rechecks_and_rewrites_the_table(tmp_path):
        f"--from_jsonl={src}", f"--out={out}"], capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
   text = out.read_text()
+  # the same rows re-checked two at a time write the same table
+  two = tmp_path / "v2.md"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.validation_matrix",
+       f"--from_jsonl={src}", f"--out={two}", "--workers=2"],
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "re-checked 2 kept rows 2 at a time" in proc.stderr
+  drop_time = lambda t: [l for l in t.splitlines() if "Run time" not in l]
+  assert drop_time(two.read_text()) == drop_time(text)
   row0 = "| 0 | tiny | toy | v5p-8 | 4x1 | 8 | 128 | full | adamw | - |"
   row1 = "| 1 | tiny | toy | v5p-8 | 4x1 | 16 | 128 | full | adamw | - |"
   assert row0 in text and row1 in text
