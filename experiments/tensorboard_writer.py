@@ -247,7 +247,8 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
             description="what is live at each plan's peak, per device, "
             "stacked to the planned peak")
     w.image("perf/mfu_heatmap", sweep_plots.mfu_heatmap(ranked, cache),
-            description="best predicted MFU per (X, batch)")
+            description="best predicted MFU per (X, batch) of the plans "
+            "that fit there")
     w.custom_scalars({f"{tag} over batch": f"^{tag}/" for tag in CURVES},
                      "sweep curves")
   for r in sessions:

@@ -353,9 +353,9 @@ def _say(message: str) -> None:
 
 def main(argv):
   del argv
+  from simulator.workers import Pool
   from simulator.xla import crosscheck
   started = time.time()
-  from simulator.workers import Pool
   if FLAGS.from_jsonl:
     kept = _read_rows(FLAGS.from_jsonl)
     pool = Pool(FLAGS.workers, FLAGS.ray_address)

@@ -3,10 +3,11 @@
 A sweep's evaluated configs, its compile confirmations and its pictures are
 pure functions of the model config, the run settings, the topology and mesh
 (a picture: of the data it draws), the library versions and this project's
-own code (its experiments too: the pictures are drawn there); the key hashes all of them, so a
-repeated sweep or confirmation returns what was computed before, and any
-change (a new jax, an edited rule) misses. Entries are JSON files under
-`directory/kind/`, written whole (a temporary file renamed into place).
+own code (experiments/ too: the pictures are drawn there); the key hashes
+all of them, so a repeated sweep or confirmation returns what was computed
+before, and any change (a new jax, an edited rule) misses. Entries are JSON
+files under `directory/kind/`, written whole (a temporary file renamed into
+place).
 """
 
 from __future__ import annotations
