@@ -54,14 +54,21 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
   for name, p in e.phases.items():
     lines.append(f"{name:<8} peak {g(p.peak_bytes)} ({100 * p.peak_bytes / hbm:.1f}% "
                  f"HBM) at {p.peak_where}")
-    lines.append(f"         {p.flops / 1e12:.3f} TFLOP, {g(p.hbm_bytes)} "
-                 f"read: T_math {1e3 * p.t_math:.3f} ms, T_hbm "
-                 f"{1e3 * p.t_hbm:.3f} ms -> {1e3 * p.seconds:.3f} ms "
+    lines.append(f"         per device {p.flops / 1e12:.3f} TFLOP, "
+                 f"{g(p.hbm_bytes)} read, {g(p.comm_bytes)} in collectives: "
+                 f"T_math {1e3 * p.t_math:.3f} ms, T_hbm "
+                 f"{1e3 * p.t_hbm:.3f} ms, T_comm {1e3 * p.t_comm:.3f} ms "
+                 f"-> max(T_math, T_hbm) + T_comm = {1e3 * p.seconds:.3f} ms "
                  f"({p.bound}-bound)")
     if comparison and name in comparison:
       c = comparison[name]
       lines.append(f"         XLA's peak {g(c['xla_peak_bytes'])}: error "
                    f"{100 * c['peak_error']:+.2f}%")
+      coll = c["collectives"]
+      if coll["hlo_bytes"] or coll["symbolic_bytes"]:
+        kinds = lambda d: ", ".join(f"{k} {g(v)}" for k, v in d.items())
+        lines.append(f"         collectives, traced: {kinds(coll['symbolic'])}"
+                     f"; XLA's HLO: {kinds(coll['hlo'])}")
   verdict = "fits" if e.fits else "does NOT fit"
   lines += ["", f"decode: {e.decode_tokens_per_s:,.0f} tokens/s at batch "
             f"{s.batch}; end to end {e.tokens_per_s:,.0f} generated tokens/s"

@@ -19,14 +19,20 @@ decode step reads every weight and the whole fixed-size cache once (the
 dense masked attention of models.decode reads all T positions, written or
 not), so
 
-  decode step = max(FLOPs / C, (weight bytes + KV cache bytes) / W_hbm)
-  prefill     = max(FLOPs / C, (weight bytes + KV cache bytes) / W_hbm)
+  decode step = max(FLOPs / C, (weight bytes + KV cache bytes) / W_hbm) + T_comm
+  prefill     = max(FLOPs / C, (weight bytes + KV cache bytes) / W_hbm) + T_comm
 
 with FLOPs the traced program's matmuls per device (simulator.tracing.program), C
 the chip's bf16 FLOP/s and W_hbm its HBM bandwidth (meshes.hardware); the
-prefill writes the cache once. Throughput: batch / decode step while
-generating, and batch·generate / (prefill + generate·decode step) end to
-end. Collectives (Y's all-reduces per layer) are not timed here.
+prefill writes the cache once. T_comm: the collectives the traced step's
+shardings make (with TP over Y, each layer's all-reduces of its attention
+and MLP outputs), each timed as the training step's are
+(simulator.timing.comms: ICI rings on TPUs, NCCL on GPUs) and all exposed:
+the next layer's matmul reads each result, as the training model leaves
+the TP activation collectives exposed (libtpu's windowed-einsum loops,
+overlapped with their matmul there, are left out here too). Throughput:
+batch / decode step while generating, and batch·generate / (prefill +
+generate·decode step) end to end.
 """
 
 from __future__ import annotations
@@ -39,8 +45,10 @@ import jax
 from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from simulator.xla import compiled as compiled_lib
+from simulator.xla import hlo_collectives
 from simulator.memory import OVERHEAD_FRACTION, liveness, tpu_tiled_bytes
 from simulator.memory.estimate import Contributor
+from simulator.timing.comms import collective_time
 from simulator.tracing.program import read_program
 from simulator.serve_step import PHASES, ServeStep, build_serve_steps
 from simulator.settings import ServeSettings
@@ -62,14 +70,21 @@ class PhaseEstimate:
   hbm_bytes: int  # the roofline's bytes: weights + KV cache
   t_math: float
   t_hbm: float
+  t_comm: float = 0.0  # the step's collectives, exposed
+  comm_bytes: int = 0  # their bytes per device (V summed over executions)
+  # the traced step's collectives (simulator.tracing.program), every one
+  collectives: tuple = ()
 
   @property
   def seconds(self) -> float:
-    return max(self.t_math, self.t_hbm)
+    return max(self.t_math, self.t_hbm) + self.t_comm
 
   @property
   def bound(self) -> str:
-    return "memory" if self.t_hbm >= self.t_math else "compute"
+    """What the step's time is most: "compute", "memory" or
+    "communication"."""
+    return max((self.t_math, "compute"), (self.t_hbm, "memory"),
+               (self.t_comm, "communication"))[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,13 +151,19 @@ def _phase(step: ServeStep, jaxpr, plan: MeshPlan, weights: int,
   buffers = tuple(Contributor(b.where, b.shape, b.dtype, sum(b.bytes))
                   for b in live[:PEAK_BUFFERS])
   data = 1 if step.pos is None else 2  # tokens (and pos)
-  dots = read_program(jaxpr, data).dots
-  flops = sum(d.flops_per_device * d.count for d in dots)
+  program = read_program(jaxpr, data, chip.kind == "gpu",
+                         chip.windowed_einsum_contraction)
+  flops = sum(d.flops_per_device * d.count for d in program.dots)
+  made = program.made()
+  exposed = [c for c in made if not c.windowed]
   hbm = weights + cache
   return PhaseEstimate(
       step.phase, args, args + max(transient, 0),
       points.where[index] if index >= 0 else "nothing transient", buffers,
-      flops, hbm, flops / chip.bf16_flops, hbm / chip.hbm_bandwidth)
+      flops, hbm, flops / chip.bf16_flops, hbm / chip.hbm_bandwidth,
+      sum(c.count * collective_time(c, plan, chip.ici_link_bandwidth)
+          for c in exposed),
+      sum(c.count * c.bytes_per_device for c in exposed), tuple(made))
 
 
 def inference_report(cfg: ModelConfig, serve: ServeSettings,
@@ -163,7 +184,8 @@ def inference_report(cfg: ModelConfig, serve: ServeSettings,
 def compile_serve(cfg: ModelConfig, serve: ServeSettings, target: str, X: int,
                   Y: int, progress=None) -> dict[str, dict[str, Any]]:
   """Each serving step compiled for `target` (simulator.xla.compiled), the
-  cache donated: memory_analysis's figures and the buffers at XLA's peak."""
+  cache donated: memory_analysis's figures, the buffers at XLA's peak and
+  the HLO's collectives (simulator.xla.hlo_collectives)."""
   mesh = compiled_lib.make_mesh(target, X, Y)
   out = {}
   for phase, step in build_serve_steps(cfg, serve, mesh).items():
@@ -171,7 +193,10 @@ def compile_serve(cfg: ModelConfig, serve: ServeSettings, target: str, X: int,
     c = compiled_lib.compile_fn(step, step.fn, step.args, (1,), mesh,
                                 progress, label)
     fig = compiled_lib.memory_figures(c, target)
+    colls, _ = hlo_collectives.parse_collectives(
+        c.hlo_text, tuple(mesh.shape.values()), tuple(mesh.axis_names))
     out[phase] = {**dataclasses.asdict(fig), "compile_seconds": c.seconds,
+                  "collectives": hlo_collectives.summarize(colls),
                   "layout_argument_bytes":
                       compiled_lib.layout_argument_bytes(c),
                   "peak_buffers": [dataclasses.asdict(b) for b in
@@ -183,7 +208,8 @@ def compile_serve(cfg: ModelConfig, serve: ServeSettings, target: str, X: int,
 def compare(estimate: InferenceEstimate,
             compiled: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
   """Symbolic vs XLA per step: peak and arguments, relative error
-  (symbolic - XLA) / XLA."""
+  (symbolic - XLA) / XLA; the collectives' bytes by kind and axis
+  (compiled.compare_collectives)."""
   rel = lambda s, x: (s - x) / x if x else None
   out = {}
   for phase, comp in compiled.items():
@@ -194,7 +220,9 @@ def compare(estimate: InferenceEstimate,
                   "symbolic_argument_bytes": p.arguments_bytes,
                   "xla_argument_bytes": comp["argument_bytes"],
                   "argument_error": rel(p.arguments_bytes,
-                                        comp["argument_bytes"])}
+                                        comp["argument_bytes"]),
+                  "collectives": compiled_lib.compare_collectives(
+                      p.collectives, comp.get("collectives", {}))}
   return out
 
 
@@ -219,6 +247,8 @@ def to_json(e: InferenceEstimate) -> dict[str, Any]:
                         "peak_buffers": _buffers(p.peak_buffers),
                         "flops": p.flops, "hbm_bytes": p.hbm_bytes,
                         "t_math_s": p.t_math, "t_hbm_s": p.t_hbm,
+                        "t_comm_s": p.t_comm,
+                        "comm_bytes": p.comm_bytes,
                         "seconds": p.seconds, "bound": p.bound}
                  for name, p in e.phases.items()},
       "decode_tokens_per_s": e.decode_tokens_per_s,

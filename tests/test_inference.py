@@ -11,6 +11,7 @@ from meshes.topology import parse_topology
 from models.params import num_params
 from models.registry import load_model
 from simulator import formulas, inference
+from simulator.timing import comms
 from simulator.settings import ServeSettings
 
 
@@ -70,6 +71,43 @@ def test_decode_roofline_reads_weights_and_the_whole_cache():
   attention = 2 * 2 * tokens * 1280 * c.n_heads * c.head_dim * c.n_layers
   assert d.flops == 2 * tokens * matmul_params + attention
   assert e.decode_tokens_per_s == pytest.approx(16 / d.seconds)
+
+
+def test_tp_steps_pay_their_collectives_replicas_none():
+  """With TP over Y the steps' collectives (each layer's activations
+  gathered and reduce-scattered over Y) add their ring time to the
+  roofline's; replicas over X serve without a collective."""
+  tp = _report("llama2_7b", (1, 4))
+  plan, chip = tp.plan, tp.plan.topology.chip
+  for p in tp.phases.values():
+    assert p.t_comm > 0 and p.comm_bytes > 0
+    assert p.seconds == pytest.approx(max(p.t_math, p.t_hbm) + p.t_comm)
+  # prefill: per layer two all-gathers and a reduce-scatter of the
+  # [16, 1024, 4096] bf16 activations (the MLP's down projection's
+  # reduce-scatter runs as libtpu's windowed loop, beside its matmul)
+  layer = 16 * 1024 * 4096 * 2 / comms.axis_bandwidth(
+      plan, "Y", chip.ici_link_bandwidth)
+  assert 3 * 32 * layer < tp.phases["prefill"].t_comm < 3.1 * 32 * layer
+  replicas = _report("llama2_7b", (4, 1))
+  assert all(p.t_comm == 0 == p.comm_bytes for p in replicas.phases.values())
+
+
+def test_compare_sets_the_traced_collectives_beside_the_hlos():
+  """--compile's comparison: the traced step's collectives by kind and axis
+  against a compiled summary (here one all-gather's, as
+  hlo_collectives.summarize gives it)."""
+  e = _report("llama2_7b", (1, 4))
+  d = e.phases["decode"]
+  gathered = sum(c.count * c.bytes_per_device for c in d.collectives
+                 if c.kind == "all-gather")
+  hlo = {"all-gather@Y": {"ops": 1, "count": 1, "in_bytes": gathered // 4,
+                          "out_bytes": gathered}}
+  coll = inference.compare(e, {"decode": {
+      "peak_bytes": d.peak_bytes, "argument_bytes": d.arguments_bytes,
+      "collectives": hlo}})["decode"]["collectives"]
+  assert coll["symbolic"]["all-gather@Y"] == gathered == coll["hlo_bytes"]
+  assert coll["symbolic_bytes"] == sum(c.count * c.bytes_per_device
+                                       for c in d.collectives)
 
 
 def test_prefill_is_compute_bound_at_a_long_prompt():
