@@ -140,7 +140,9 @@ def main(argv):
         f" FLOP/s{rates}, {links}, step/MFU at "
         f"{tokens:.0f} tokens (MFU: predicted, with the fusions' HBM time "
         f"T_hbm_s and the matmuls' beyond their FLOPs where their bytes "
-        f"bind them, T_mm_hbm_s; MFU_bound: the roofline's, without both)")
+        f"bind them, T_mm_hbm_s; MFU_bound: the roofline's, without both; "
+        f"tok/dev, tok_global: the compute-bound threshold, tokens per device "
+        f"and per step, inf where communication binds at any batch)")
   hdr = ("X", "Y", "M_X", "M_Y", "tok/dev", "tok_global", "T_math_s", "T_comm_s",
          "exposed_s", "step_s", "MFU", "MFU_bound", "T_hbm_s",
          "T_mm_hbm_s")
