@@ -3,8 +3,9 @@ README (axes with units, a legend, a colour scale, every cell explained).
 
 Each picture is PNG bytes, as TensorBoard's image summary stores it, and is
 kept in the sweep's cache (simulator.cache) under the data it draws: a
-repeated sweep writes its report without importing matplotlib (about 0.6 s
-of start-up) or drawing (about 1.5 s on the 2-core machine).
+repeated sweep writes its report without importing matplotlib or drawing
+(about 0.9 s and 1.6 s for bench_sweep's workload on session 33's slow
+2-core machine).
 """
 
 from __future__ import annotations
@@ -50,9 +51,7 @@ def _drawn(draw: Callable[[dict], bytes], data: dict, cache) -> bytes:
   the library versions, matplotlib's included)."""
   if cache is None or not cache.directory:
     return draw(data)
-  import importlib.metadata
-  key = cache.key(picture=draw.__name__, data=data,
-                  matplotlib=importlib.metadata.version("matplotlib"))
+  key = cache.key(picture=draw.__name__, data=data)
   hit = cache.get("picture", key)
   if hit is not None:
     return base64.b64decode(hit["png"])

@@ -22,7 +22,8 @@ import statistics
 import tempfile
 from typing import Any
 
-_LIBRARIES = ("jax", "jaxlib", "libtpu", "flax", "optax", "numpy")
+_LIBRARIES = ("jax", "jaxlib", "libtpu", "flax", "optax", "numpy",
+              "matplotlib")  # the sweep's pictures
 _SOURCES = ("simulator", "models", "meshes", "experiments")
 
 

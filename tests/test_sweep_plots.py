@@ -68,12 +68,13 @@ def test_a_picture_of_the_same_data_comes_from_the_cache(tmp_path,
   cache = Cache(str(tmp_path))
   records = _records()
   first = sweep_plots.mfu_heatmap(records, cache)
-  drawn = []
-  monkeypatch.setattr(sweep_plots, "_pyplot",
-                      lambda: drawn.append(1) or pytest.fail("drew again"))
+
+  def drew_again():
+    raise AssertionError("drew again")
+
+  monkeypatch.setattr(sweep_plots, "_pyplot", drew_again)
   assert sweep_plots.mfu_heatmap(records, cache) == first
-  assert not drawn
   records[0]["mfu"] += 0.05
-  with pytest.raises(pytest.fail.Exception, match="drew again"):
+  with pytest.raises(AssertionError, match="drew again"):
     sweep_plots.mfu_heatmap(records, cache)
   assert not [p for p in tmp_path.rglob("*.tmp")]  # entries written whole
