@@ -71,10 +71,14 @@ class PhaseEstimate:
   hbm_bytes: int  # the roofline's bytes: weights + KV cache
   t_math: float
   t_hbm: float
-  t_comm: float = 0.0  # the step's collectives, exposed
-  comm_bytes: int = 0  # their bytes per device (V summed over executions)
+  t_comm: float  # the step's collectives, exposed
   # the traced step's collectives (simulator.tracing.program), every one
-  collectives: tuple = ()
+  collectives: tuple
+
+  @property
+  def comm_bytes(self) -> int:
+    """The collectives' bytes per device (V summed over executions)."""
+    return sum(c.count * c.bytes_per_device for c in self.collectives)
 
   @property
   def seconds(self) -> float:
@@ -163,8 +167,7 @@ def _phase(step: ServeStep, jaxpr, plan: MeshPlan, weights: int,
       points.where[index] if index >= 0 else "nothing transient", buffers,
       flops, hbm, flops / chip.bf16_flops, hbm / chip.hbm_bandwidth,
       sum(c.count * collective_time(c, plan, chip.ici_link_bandwidth)
-          for c in made),
-      sum(c.count * c.bytes_per_device for c in made), made)
+          for c in made), made)
 
 
 def _as_libtpu_serves(c):
@@ -175,7 +178,11 @@ def _as_libtpu_serves(c):
   `all-reduce.8 = bf16[16,4096]` and `all-reduce.9` for the attention's
   and the MLP's output projections, 8.000 GiB of all-reduces in the
   prefill where the traced shardings imply 4.000 GiB of reduce-scatters
-  and the MLP's windowed loop; 2x2 the same."""
+  and the MLP's windowed loop; 2x2 the same. The training step's time
+  model keeps the traced kinds: its compiles also list no reduce-scatter
+  over Y (#88), but whose op that is there (an all-reduce, or libtpu's
+  all-reduce-scatter) was not read, and its anchors were matched with
+  them."""
   if c.kind != "reduce-scatter":
     return c
   return dataclasses.replace(c, kind="all-reduce")
