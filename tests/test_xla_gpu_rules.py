@@ -612,8 +612,8 @@ def test_a_gpu_reads_offloaded_moments_where_they_lie():
   """The host-operands-in-place rule: on a GPU every moment fetched from
   host memory for the update is read there by its fusion (no device
   buffer), and the update streams leaf by leaf; on a TPU the moments are
-  fetched (and, with the gradients on the device, prefetched during the
-  backward, in program order)."""
+  fetched (and, with the gradients on the device, before the layers'
+  backward: xla_rules' prefetched-host-state rule)."""
   for gpu in (True, False):
     j = _offloaded_moments(gpu).jaxpr
     fetched = {v for e in j.eqns if xla_rules.fetches_host_value(e)

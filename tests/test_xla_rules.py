@@ -658,6 +658,44 @@ def test_a_streamed_update_runs_leaf_by_leaf_one_fetch_ahead():
   assert writes and min(writes) > second
 
 
+def test_fetched_optimizer_state_moves_before_the_backward_loop():
+  """The prefetched-host-state rule: with the moments alone in host memory
+  each fetch moves to just before the last loop ahead of it (the layers'
+  backward), as XLA issues the copy-starts of llama3_8b v6e-32 16x2
+  --offload=optimizer (#221) before that loop; nothing moves without
+  offloaded state."""
+  plain = _offload_jaxpr()
+  assert xla_rules.prefetch_host_state(plain) is plain
+  jaxpr = _offload_jaxpr("optimizer")
+  moved = xla_rules.prefetch_host_state(jaxpr)
+  assert sorted(map(id, moved.eqns)) == sorted(map(id, jaxpr.eqns))
+  loops = [i for i, e in enumerate(moved.eqns) if xla_rules.runs_whole(e)]
+  fetches = [i for i, e in enumerate(moved.eqns)
+             if xla_rules.fetches_host_value(e)]
+  assert fetches and loops
+  backward = loops[-1]
+  assert fetches == list(range(backward - len(fetches), backward))
+  assert all(i > loops[-1] for i, e in enumerate(jaxpr.eqns)
+             if xla_rules.fetches_host_value(e))  # program order: after
+
+
+def test_fetched_optimizer_state_is_live_through_the_backward():
+  """On a TPU the layers' backward holds every fetched moment: its live set
+  is the one without offload, less the moments' device arguments, plus
+  their fetched copies (XLA's peak in #221 holds all 24 copy-starts,
+  1.87 GiB, inside the backward loop)."""
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  ests = [memory.memory_report(load_model("tiny"), TrainSettings(
+      batch=8, seq=64, offload=offload), plan)
+          for offload in ((), ("optimizer",))]
+  on_device, offloaded = ests
+  assert offloaded.host_bytes > 0
+  backward = "backward Decoder/layers"
+  assert offloaded.phase_bytes[backward] == (
+      on_device.phase_bytes[backward] - on_device.arguments_bytes
+      + offloaded.arguments_bytes + offloaded.host_bytes)
+
+
 def test_a_streamed_update_holds_four_leaves_of_state():
   """llama2_7b v5p-16 4x2 --offload=optimizer,params: the update's peak is
   an MLP leaf's 4 fetched inputs and 3 outputs, the next leaf's 4 fetched

@@ -332,6 +332,8 @@ class _Simulation:
       if not self.gpu:
         jaxpr = xla_rules.prefetch_host_weights(jaxpr)
       jaxpr, held = xla_rules.stream_offloaded_update(jaxpr, self.gpu)
+      if top and not self.gpu and not held:
+        jaxpr = xla_rules.prefetch_host_state(jaxpr)
       stacks, hoisted = xla_gpu_rules.weight_stacks(jaxpr, local, self.gpu)
       self.hoisted |= hoisted
       plan = _plan(jaxpr, local, in_place_out, self.hoisted, stacks, held,
