@@ -285,8 +285,9 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   88-562, before the backward loop's body, and are live at
                   XLA's peak inside it (position 825: 1.87 GiB, every
                   moment of the device); in mistral_7b v5e-32 16x2 b32
-                  (#172, dumped the same day) only the output projection's
-                  (copy-start.15/16) and the small norm scales' start
+                  (#172, dumped the same day) only the MLP down
+                  projection's two (copy-start.15/16, f32[32,7168,256]),
+                  one of the vocabulary table's and the norm scales' start
                   before it (461-568), the rest after it (1390-1668), and
                   its peak (1004) holds two. Which ones cross the loop is
                   the scheduler's cost model, not derived, so the bound is
