@@ -277,24 +277,29 @@ off (buffers live at the peak: `python -m experiments.validate ...
   state           (--offload=optimizer; the gradients made on the device, so
                   the update is not streamed), XLA's latency-hiding
                   scheduler issues the fetches of that state (copy-starts
-                  from memory space S(5)) after the forward layers' loop,
-                  some before the backward loop and some after it, and
-                  each fetched value stays in HBM to its update. In
-                  llama3_8b v6e-32 16x2 b128 s4096 (held-out #221, dumped
-                  again in session 34) all 24 start at live-range positions
-                  88-562, before the backward loop's body, and are live at
-                  XLA's peak inside it (position 825: 1.87 GiB, every
-                  moment of the device); in mistral_7b v5e-32 16x2 b32
-                  (#172, dumped the same day) only the MLP down
+                  from memory space S(5)) ahead of their update, some
+                  before the backward loop and some after it, and each
+                  fetched value stays in HBM to its update. In llama3_8b
+                  v6e-32 16x2 b128 s4096 (held-out #221, dumped again in
+                  session 34) all 24 start at live-range positions 88-562,
+                  before the backward loop's body, and are live at XLA's
+                  peak inside it (position 825: 1.87 GiB, every moment of
+                  the device); five small ones (two k/v moments, 16 MiB
+                  each, and norm scales) start before the forward loop's
+                  body (88-219), the rest after it; in mistral_7b v5e-32
+                  16x2 b32 (#172, dumped the same day) only the MLP down
                   projection's two (copy-start.15/16, f32[32,7168,256]),
                   one of the vocabulary table's and the norm scales' start
                   before it (461-568), the rest after it (1390-1668), and
                   its peak (1004) holds two. Which ones cross the loop is
                   the scheduler's cost model, not derived, so the bound is
                   taken: every fetch of a step argument from host memory
-                  moves to just before the last loop ahead of it (program
-                  order fetches them after the backward: #221 -7.17% ->
-                  +1.82%; #172 -0.8% -> +32.85%, #186 -3.3% -> +18.27%);
+                  moves to just before the last loop ahead of it: a bound
+                  from there to the update, not before it (#221's five
+                  early fetches, 32 MiB, are live in its forward pass,
+                  where its peak is not). Program order fetches them after
+                  the backward: #221 -7.17% -> +1.82%; #172 -0.8% ->
+                  +32.85%, #186 -3.3% -> +18.27%;
   early           what the optimizer's update computes from the step's
   dequantized     arguments alone and that is larger than what it reads (8-bit
   state           AdamW's moments: int8 codes and block scales turned into f32
@@ -1629,13 +1634,14 @@ def prefetch_host_state(jaxpr):
   update is not streamed)."""
   eqns = list(jaxpr.eqns)
   inputs = set(jaxpr.invars)
-  loops = [i for i, e in enumerate(eqns) if runs_whole(e)]
   before: dict[int, list[int]] = {}  # loop -> the fetches moved before it
+  loop = None  # the last loop so far
   for i, e in enumerate(eqns):
-    ahead = [k for k in loops if k < i]
-    if (fetches_host_value(e) and ahead and all(
-        isinstance(v, jcore.Var) and v in inputs for v in e.invars)):
-      before.setdefault(ahead[-1], []).append(i)
+    if runs_whole(e):
+      loop = i
+    elif loop is not None and fetches_host_value(e) and all(
+        isinstance(v, jcore.Var) and v in inputs for v in e.invars):
+      before.setdefault(loop, []).append(i)
   if not before:
     return jaxpr
   moved = {i for fetched in before.values() for i in fetched}
