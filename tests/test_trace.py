@@ -12,8 +12,8 @@ from meshes.topology import parse_topology
 from models.registry import load_model
 from simulator.settings import TrainSettings
 from simulator.memory import xla_rules
-from simulator.tracing.trace import (fused_residuals, fusible, layout_of,
-                                     read_inputs, spec_of, trace)
+from simulator.tracing.trace import (fused_residuals, layout_of, read_inputs,
+                                     spec_of, trace)
 
 
 def _fused_by_shape(fn, *args) -> dict[tuple, list[bool]]:
@@ -50,22 +50,6 @@ def test_matmul_plus_bias_is_a_buffer_activation_of_it_is_not():
   flags = _fused_by_shape(f, x, w, b)[(8, 32)]
   assert flags[0] is False  # dot + bias (the dot output is not saved)
   assert flags[1:] and all(flags[1:])  # silu's internals
-
-
-def test_relu_is_elementwise_through_its_custom_jvp_wrapper():
-  """jax.nn.relu is a custom_jvp_call around max(x, 0): XLA sees the max
-  alone, so it fuses like any elementwise op (T5's MLP: the bf16 relu
-  output is no buffer beside the matmul output it is made from). A
-  custom_jvp_call around a matmul is not fusible."""
-  @jax.custom_jvp
-  def gram(a):
-    return a @ a.T
-  gram.defjvp(lambda p, t: (gram(p[0]), t[0] @ p[0].T + p[0] @ t[0].T))
-  x = jnp.ones((8, 16))
-  relu, = jax.make_jaxpr(jax.nn.relu)(x).jaxpr.eqns
-  matmul, = jax.make_jaxpr(gram)(x).jaxpr.eqns
-  assert relu.primitive.name == matmul.primitive.name == "custom_jvp_call"
-  assert fusible(relu) and not fusible(matmul)
 
 
 def test_read_inputs_follows_jit_and_dead_code():

@@ -59,15 +59,12 @@ _ELEMENTWISE = {
     "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "not", "or",
     "pow", "rem", "round", "rsqrt", "select_n", "sign", "sin", "sqrt",
     "square", "stop_gradient", "sub", "tan", "tanh", "xor", "pvary"}
-# Calls XLA inlines. A custom_jvp_call (jax.nn.relu) lowers to its primal
-# function alone, so XLA sees max(x, 0) where the jaxpr has the wrapper.
-_CALLS = ("jit", "pjit", "closed_call", "custom_jvp_call")
 VIEW_OPS = {"reshape", "squeeze", "expand_dims", "transpose", "name",
          "reduce_precision", "copy", "copy_p"}
 
 
 def _inner_jaxpr(eqn):
-  inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+  inner = eqn.params.get("jaxpr")
   return getattr(inner, "jaxpr", inner)
 
 
@@ -110,7 +107,7 @@ def fusible(eqn) -> bool:
   if name == "reshard":
     aval = eqn.invars[0].aval
     return not aval.shape or layout_of(aval) == layout_of(eqn.outvars[0].aval)
-  inner = _inner_jaxpr(eqn) if name in _CALLS else None
+  inner = _inner_jaxpr(eqn) if name in ("jit", "pjit", "closed_call") else None
   return inner is not None and all(
       fusible(e) or e.primitive.name in VIEW_OPS for e in inner.eqns)
 
@@ -124,7 +121,8 @@ def read_inputs(jaxpr) -> list[bool]:
   for eqn in reversed(jaxpr.eqns):
     if not eqn.effects and not any(v in read for v in eqn.outvars):
       continue  # dead: jit drops it
-    inner = _inner_jaxpr(eqn) if eqn.primitive.name in _CALLS else None
+    inner = _inner_jaxpr(eqn) if eqn.primitive.name in (
+        "jit", "pjit", "closed_call") else None
     if inner is not None and len(inner.invars) == len(eqn.invars):
       reads = read_inputs(inner)
     else:  # other higher-order ops: assume every operand is read
