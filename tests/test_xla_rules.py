@@ -1030,3 +1030,37 @@ def test_an_operand_two_matmuls_gather_is_one_buffer_between_them():
                      _two_matmuls_of_one_gathered_operand(2, both=False)):
     assert xla_rules.gathered_operands(one_matmul.eqns, False,
                                        {}) == ({}, {})
+
+
+def _step_with_a_late_reduction(xs, w, wb):
+  """A loop body like the flash backward's with a bias: d is read by its
+  cast (two matmuls read the cast) and by a reduction the program makes
+  last, written into a stacked output."""
+  def body(c, x):
+    d = jnp.tanh(x @ w) * 3.0  # f32 [PROBE, 256]
+    ds = d.astype(jnp.bfloat16)
+    wide = (ds @ wb).astype(jnp.float32)  # bf16 [PROBE, 1024], the peak
+    grad = ds.T @ x.astype(jnp.bfloat16)
+    return c + jnp.sum(wide), (grad, jnp.sum(d, axis=0))
+  return jax.lax.scan(body, 0.0, xs)
+
+
+def test_a_reduction_is_made_where_its_operand_is_made():
+  """The multi-output-reductions rule, with the written-outputs rule: the
+  reduction of d moves to just after d is made, and what it reads is not
+  held for the stacked output it is written into, so at the matmul reading
+  d's cast the f32 d is dead (held there without the rules)."""
+  j = jax.make_jaxpr(_step_with_a_late_reduction)(
+      jax.ShapeDtypeStruct((4, PROBE, 64), jnp.float32),
+      jax.ShapeDtypeStruct((64, 256), jnp.float32),
+      jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16)).jaxpr
+  body = _eqn(j, "scan").params["jaxpr"].jaxpr
+  moved = xla_rules.reductions_where_made(body).eqns
+  names = [e.primitive.name for e in moved]
+  assert names.index("reduce_sum") == names.index("mul") + 1
+  points = liveness.simulate(j, 0)
+  _, i = points.peak_at(1, 1)
+  live = {(b.shape, b.dtype) for b in points.live(i)}
+  assert ((PROBE, 256), "bfloat16") in live  # the cast
+  assert ((PROBE, 1024), "bfloat16") in live  # the matmul reading it
+  assert ((PROBE, 256), "float32") not in live

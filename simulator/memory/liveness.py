@@ -189,12 +189,14 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
               v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
                   v in chained, chain_producers, sole_matmul_in)))
-      if fused or v in in_place:
+      if fused or (v in in_place and gpu):
         size[v] = (0, 0)
         end = last.get(v, i)
         for u in eqn.invars:
           if isinstance(u, jcore.Var) and last.get(u, -1) < end:
             last[u] = end
+      elif v in in_place:  # xla_rules: written outputs (a TPU's)
+        size[v] = (0, 0)
       else:
         size[v] = _nbytes(v.aval, local)
 
@@ -327,6 +329,8 @@ class _Simulation:
             xla_rules.defer_weight_grads(jaxpr, results=self.results))
       elif order == "late":
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
+      if not self.gpu:
+        jaxpr = xla_rules.reductions_where_made(jaxpr)
       if top and not self.gpu:
         jaxpr = xla_rules.hoist_dequantized_state(jaxpr)
       if not self.gpu:

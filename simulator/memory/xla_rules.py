@@ -166,6 +166,29 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   psum_invariant.8, in llama3_8b v5p-32 16x1 b16 (#20,
                   schedule position 867), and gemma-2b v5p-32 16x1 (#48)
                   holds only the all-reduce's at its peak;
+  written outputs a value a loop body writes into its caller's buffer (a
+                  slice of a stacked output, the carry) is written by the
+                  fusion that makes it, where it is made: what it reads is
+                  not held to the body's end. In t5_3b v6e-16 8x2 b1024
+                  s512 (#245) the flash backward's bias gradient, a stacked
+                  output of its key-block loop, is written by fusion.1160
+                  (schedule position 1924), and the f32 scores it is summed
+                  from are dead at the dq and dk matmuls after it
+                  (fusion.1163 at 1930, fusion.1161 at 1934). Not on a
+                  GPU, where no dump has shown it: there the written
+                  value's operands are held to the body's end (the safe
+                  side; with the rule, four GPU rows would move by at most
+                  0.56 points, #67 -1.51% -> -2.01%);
+  multi-output    a reduction of values elementwise ops make is written by
+  reductions      the fusion that makes them, as a second output, not where
+                  the program reads it later: fusion.1160 of #245 writes the
+                  bias gradient's per-device sum f32[16,512,512] beside ds,
+                  bf16[128,16,1,512,512], so the f32 scores' gradient they
+                  both read is no longer held when the dq and dk matmuls
+                  run; the traced step makes that sum after them. With the
+                  written-outputs rule, eleven T5 rows 0.12 to 2.65 points
+                  lower (#245 +36.50% -> +33.85%, #286 +17.81% -> +16.03%),
+                  no other row moved;
   hoisted casts   a loop that casts each slice of a stacked weight is given the
                   whole stack cast once, outside the loop, live from the first
                   loop that reads it to the last (bf16 [32,512,11008] weight
@@ -1625,6 +1648,31 @@ def stream_offloaded_update(jaxpr, gpu: bool = False) -> tuple[object, dict]:
   position = {i: n for n, i in enumerate(order)}
   return (jaxpr.replace(eqns=[eqns[i] for i in order]),
           {position[i]: vs for i, vs in held.items()})
+
+
+def reductions_where_made(jaxpr):
+  """`jaxpr` with each reduction of values elementwise ops make moved to
+  just after the last of those ops (the multi-output-reductions rule; TPU,
+  where it was seen)."""
+  eqns = list(jaxpr.eqns)
+  producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+  after: dict[int, list[int]] = {}
+  for i, e in enumerate(eqns):
+    if e.primitive.name not in _REDUCE_OPS:
+      continue
+    made = [producer.get(v) for v in e.invars if isinstance(v, jcore.Var)]
+    if made and None not in made and max(made) < i - 1 and all(
+        loop_fusible(eqns[k]) for k in made):
+      after.setdefault(max(made), []).append(i)
+  if not after:
+    return jaxpr
+  moved = {i for found in after.values() for i in found}
+  order = []
+  for i, e in enumerate(eqns):
+    if i not in moved:
+      order.append(e)
+    order += [eqns[k] for k in after.get(i, ())]
+  return jaxpr.replace(eqns=order)
 
 
 def prefetch_host_state(jaxpr):
