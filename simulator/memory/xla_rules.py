@@ -177,8 +177,8 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   (fusion.1163 at 1930, fusion.1161 at 1934). Not on a
                   GPU, where no dump has shown it: there the written
                   value's operands are held to the body's end (the safe
-                  side; with the rule, four GPU rows would move by at most
-                  0.56 points, #67 -1.51% -> -2.01%);
+                  side; with the rule, four GPU rows moved, by half a
+                  point at most);
   multi-output    a reduction of values elementwise ops make is written by
   reductions      the fusion that makes them, as a second output, not where
                   the program reads it later: fusion.1160 of #245 writes the
