@@ -1039,7 +1039,7 @@ def _step_with_a_late_reduction(xs, w, wb):
   def body(c, x):
     d = jnp.tanh(x @ w) * 3.0  # f32 [PROBE, 256]
     ds = d.astype(jnp.bfloat16)
-    wide = (ds @ wb).astype(jnp.float32)  # bf16 [PROBE, 1024], the peak
+    wide = (ds @ wb).astype(jnp.float32)  # its bf16 product: the peak
     grad = ds.T @ x.astype(jnp.bfloat16)
     return c + jnp.sum(wide), (grad, jnp.sum(d, axis=0))
   return jax.lax.scan(body, 0.0, xs)

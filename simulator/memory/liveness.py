@@ -189,13 +189,16 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
               v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
                   v in chained, chain_producers, sole_matmul_in)))
+      # xla_rules, written outputs: on a TPU an output written into the
+      # caller's buffer is made where it is; on a GPU what it reads is held
+      # to the body's end, as a fused value's is to its readers'.
       if fused or (v in in_place and gpu):
         size[v] = (0, 0)
         end = last.get(v, i)
         for u in eqn.invars:
           if isinstance(u, jcore.Var) and last.get(u, -1) < end:
             last[u] = end
-      elif v in in_place:  # xla_rules: written outputs (a TPU's)
+      elif v in in_place:
         size[v] = (0, 0)
       else:
         size[v] = _nbytes(v.aval, local)

@@ -1664,15 +1664,7 @@ def reductions_where_made(jaxpr):
     if made and None not in made and max(made) < i - 1 and all(
         loop_fusible(eqns[k]) for k in made):
       after.setdefault(max(made), []).append(i)
-  if not after:
-    return jaxpr
-  moved = {i for found in after.values() for i in found}
-  order = []
-  for i, e in enumerate(eqns):
-    if i not in moved:
-      order.append(e)
-    order += [eqns[k] for k in after.get(i, ())]
-  return jaxpr.replace(eqns=order)
+  return _moved_beside(jaxpr, {}, after)
 
 
 def prefetch_host_state(jaxpr):
@@ -1690,14 +1682,24 @@ def prefetch_host_state(jaxpr):
     elif loop is not None and fetches_host_value(e) and all(
         isinstance(v, jcore.Var) and v in inputs for v in e.invars):
       before.setdefault(loop, []).append(i)
-  if not before:
+  return _moved_beside(jaxpr, before, {})
+
+
+def _moved_beside(jaxpr, before: dict[int, list[int]],
+                  after: dict[int, list[int]]):
+  """`jaxpr` with the equations `before[i]` moved to just before equation
+  i and those `after[i]` to just after it, in their order; itself when
+  nothing moves."""
+  if not before and not after:
     return jaxpr
-  moved = {i for fetched in before.values() for i in fetched}
+  eqns = jaxpr.eqns
+  moved = {k for found in (*before.values(), *after.values()) for k in found}
   order = []
   for i, e in enumerate(eqns):
     order += [eqns[k] for k in before.get(i, ())]
     if i not in moved:
       order.append(e)
+    order += [eqns[k] for k in after.get(i, ())]
   return jaxpr.replace(eqns=order)
 
 
