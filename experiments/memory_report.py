@@ -93,8 +93,11 @@ def schedule_lines(estimate: memory.MemoryEstimate) -> list[str]:
   if max(kept_peaks) > min(kept_peaks):
     lines += ["  (XLA keeps the one its own estimate finds smallest, often the "
               "smaller here; to see it,",
-              "  `experiments.validate` with these flags compiles the step, "
-              "`experiments.max_batch --frontier=N` pins its largest batch)"]
+              "  `experiments.validate` with these flags compiles the step "
+              "(with --dump_dir=DIR --dump_passes=memory-scheduler,",
+              "  `experiments.schedule_replay --dump_dir=DIR` shows the order "
+              "it kept), `experiments.max_batch --frontier=N` pins its "
+              "largest batch)"]
   return lines
 
 

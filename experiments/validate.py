@@ -56,6 +56,10 @@ flags.register_validator("target", _known_target,
                          "v5p:2x2x1, ...)")
 flags.DEFINE_string("dump_dir", None, "TPU: keep the compiler's dumps (optimized "
                     "module, buffer assignment, live ranges) in this directory")
+flags.DEFINE_string("dump_passes", None, "with --dump_dir: also dump the module "
+                    "before and after each compiler pass this regular "
+                    "expression matches (memory-scheduler: what "
+                    "experiments.schedule_replay reads)")
 PEAK_LINES = 12  # buffers at XLA's peak shown in the text report
 VMEM_LINES = 4  # buffers XLA keeps in VMEM shown in the text report
 
@@ -68,6 +72,21 @@ def _buffer_line(b: dict) -> str:
 
 def _pct(x) -> str:
   return "    n/a" if x is None else f"{100 * x:+6.2f}%"
+
+
+def _scheduler_lines(s: dict, c: dict) -> list[str]:
+  """libtpu's memory-scheduler estimates beside the simulated schedules of
+  the weight gradients (README "Does the compiler agree?")."""
+  if not c.get("memory_scheduler"):
+    return []
+  from simulator.memory import liveness
+  from simulator.xla import memory_scheduler
+  simulated = ", ".join(
+      f"{liveness.ORDER_NOTES.get(o, 'weight gradients deferred')} "
+      f"{b / GiB:.3f}" for o, b in s.get("schedule_peaks", {}).items())
+  return [f"XLA's memory scheduler (libtpu's estimates, no fragmentation): "
+          f"{memory_scheduler.summary(c['memory_scheduler'])}; simulated: "
+          f"{simulated} GiB"]
 
 
 def render(result: dict, header: str) -> str:
@@ -97,6 +116,7 @@ def render(result: dict, header: str) -> str:
             f"{c['alias_bytes'] / GiB:.4f}, generated code "
             f"{c['generated_code_bytes'] / GiB:.4f} GiB; peak from {c['peak_source']};"
             f" argument+output-alias+temp {c['bound_bytes'] / GiB:.4f} GiB",
+            *_scheduler_lines(s, c),
             f"arguments from the step's shardings {c['step_argument_bytes']} B, "
             f"with the compiled tiled layouts {c['layout_argument_bytes']} B, "
             f"compiled {c['argument_bytes']} B"]
@@ -191,11 +211,22 @@ def main(argv):
       cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is a file; give a directory "
                "(created if missing)")
     os.makedirs(FLAGS.dump_dir, exist_ok=True)
+  if FLAGS.dump_passes is not None:
+    import re
+    if not FLAGS.dump_dir:
+      cli.fail(f"--dump_passes={FLAGS.dump_passes!r} needs --dump_dir=DIR "
+               "(where the pass dumps go)")
+    try:
+      re.compile(FLAGS.dump_passes)
+    except re.error as e:
+      cli.fail(f"--dump_passes={FLAGS.dump_passes!r} is not a regular "
+               f"expression ({e}); e.g. memory-scheduler")
   from simulator.xla import crosscheck
   try:
     result = crosscheck.validate(cfg, settings, FLAGS.topology, x, y,
                                  target, FLAGS.execute_steps,
-                                 dump_dir=FLAGS.dump_dir, d=plan.D)
+                                 dump_dir=FLAGS.dump_dir, d=plan.D,
+                                 dump_passes=FLAGS.dump_passes or "^$")
   except Exception as e:  # an out-of-HBM compile is an answer
     oom = crosscheck.hbm_oom(str(e))
     if oom is None and isinstance(e, jax.errors.JaxRuntimeError):

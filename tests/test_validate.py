@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -37,7 +38,11 @@ def test_bad_input_exit_2():
                         "--execute_steps=-1"),
                        (["--model=gpt2", "--seq=2048"], "learned positions"),
                        (["--model=tiny", "--seq=64", "--seq=128"],
-                        "--seq is given twice")):
+                        "--seq is given twice"),
+                       (["--model=tiny", "--dump_passes=memory-scheduler"],
+                        "needs --dump_dir"),
+                       (["--model=tiny", "--dump_dir=/tmp/shardsim-dumps",
+                         "--dump_passes=("], "is not a regular expression")):
     p = _run("--topology=v5p-8", *args)
     assert p.returncode == 2, (args, p.stderr[-2000:])
     last = p.stderr.strip().splitlines()[-1]
@@ -52,6 +57,10 @@ def test_text_report_is_quiet_and_names_the_peak():
   assert p.returncode == 0, p.stderr[-3000:]
   assert "RET_CHECK" not in p.stderr and "stack trace" not in p.stderr
   assert "symbolic peak at " in p.stdout
+  # libtpu's own estimates of its three schedules, read off its log
+  assert re.search(r"XLA's memory scheduler .*: list [\d.]+, DFS [\d.]+, "
+                   r"post-order [\d.]+ GiB; kept the (list|DFS|post-order) "
+                   r"schedule", p.stdout), p.stdout
 
 
 def test_a_plan_over_hbm_is_an_answer():

@@ -436,12 +436,26 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   smaller (707332960): the choice is made on the scheduler's
                   own figure, before the passes after it and without
                   fragmentation, not on the final peak, so the smaller
-                  simulated order is not always XLA's. Emulating the DFS
-                  scheduler's operand order (transitive fan-out, then
-                  transitive bytes, both capped, then instruction names) on
-                  the HLO is not done here, so the simulation runs the step
-                  both ways (liveness.simulate: deferred, and in the traced
-                  order) and keeps the larger peak (the T5 step
+                  simulated order is not always XLA's. Replayed on the
+                  module dumped before the scheduler's pass
+                  (simulator.xla.memory_scheduler: the DFS scheduler's
+                  operand order, transitive fan-out, then transitive tiled
+                  bytes, both capped, then instruction names), the DFS and
+                  post-order schedules are XLA's instruction for
+                  instruction (#25 and #56 DFS, 290 and 234 entry
+                  instructions; #2 and #55 post order, 653 and 212; #138
+                  DFS, 423 of 433, ten small additions of its two
+                  micro-batches' results apart). In #55 the DFS schedule
+                  makes the output projection's gradient before the layers'
+                  backward loop too (position 68 against the loop's 125),
+                  yet libtpu's estimate of it, 68.51 GiB, is over the post
+                  order's 68.10, so XLA keeps the deferred order; the
+                  traced order's simulation reads 60.18. What orders the
+                  DFS schedule is the fused module's post order, tiled
+                  sizes and names, which the traced program does not have,
+                  so the simulation runs the step both ways
+                  (liveness.simulate: deferred, and in the traced order)
+                  and keeps the larger peak (the T5 step
                   t5-v1_1-small v5p-16 8x1, whose traced order holds more:
                   -6.6% with the deferred order alone, -1.5% with both);
                   near that limit see rematerialized logits;

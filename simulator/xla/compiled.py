@@ -48,7 +48,7 @@ import numpy as np
 from meshes import layout
 from meshes.topology import parse_topology
 from models.config import ModelConfig
-from simulator.xla import hlo_collectives, xla_peak
+from simulator.xla import hlo_collectives, memory_scheduler, xla_peak
 from simulator.memory.tiling import layout_bytes
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step, device_bytes, device_shape
@@ -99,6 +99,7 @@ def make_mesh(target: str, X: int, Y: int, P: int = 1, D: int = 1):
     grid = np.array(devices[:X * Y], dtype=object).reshape(X, Y)
     return jax.sharding.Mesh(grid, layout.AXIS_NAMES,
                              axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  memory_scheduler.request_log()  # before libtpu loads
   return layout.device_mesh(layout.plan_mesh(parse_topology(target), X, Y,
                                              P=P, D=D))
 
@@ -160,6 +161,9 @@ class CompiledReport:
   measured: dict[str, Any] | None = None  # GPU: run_steps' memory_stats figures
   xla_peak: xla_peak.XlaPeak | None = None  # TPU: what is live at the peak
   program: str = ""  # the compiled program's fingerprint (tracing.fingerprint)
+  # TPU: libtpu's memory-scheduler estimates and choice
+  # (simulator.xla.memory_scheduler.read_log; {} where it logged none)
+  memory_scheduler: dict = dataclasses.field(default_factory=dict)
 
   def collective_summary(self) -> dict[str, dict[str, int]]:
     return hlo_collectives.summarize(self.collectives)
@@ -193,6 +197,7 @@ class Compiled:
   hlo_text: str = ""  # the optimized HLO module ("" if it could not be had)
   xla_peak: xla_peak.XlaPeak | None = None  # TPU: the buffers at the peak
   program: str = ""  # the traced program's fingerprint (tracing.fingerprint)
+  memory_scheduler: dict = dataclasses.field(default_factory=dict)
 
 
 def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
@@ -230,10 +235,12 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
     module = module_name(lowered)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
     try:
-      compiled = lowered.compile(
-          compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
-                            "xla_dump_hlo_pass_re": dump_passes}
-          if dumps else None)
+      with memory_scheduler.logged() as scheduler:
+        compiled = lowered.compile(
+            compiler_options={"xla_dump_to": dump,
+                              "xla_dump_hlo_as_text": True,
+                              "xla_dump_hlo_pass_re": dump_passes}
+            if dumps else None)
     except Exception as e:
       # libtpu refusing a plan for HBM still dumps the module's buffer
       # assignment and live ranges: what it held at its peak goes with
@@ -246,7 +253,7 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
     peak = xla_peak.read_peak(dump, module) if dumps else None
   say(f"{label}compiled in {seconds:.1f} s")
   return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak,
-                  program)
+                  program, scheduler)
 
 
 def refused_peak(dump: str, module: str) -> xla_peak.XlaPeak | None:
@@ -369,7 +376,8 @@ def report(c: Compiled, target: str) -> CompiledReport:
       optimal_seconds=cost.get("optimal_seconds"),
       symbolic_arguments=symbolic_argument_bytes(c.step, c.reads),
       layout_argument_bytes=layout_argument_bytes(c), collectives=colls,
-      trip_counts_known=known, xla_peak=c.xla_peak, program=c.program)
+      trip_counts_known=known, xla_peak=c.xla_peak, program=c.program,
+      memory_scheduler=c.memory_scheduler)
 
 
 def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
@@ -537,6 +545,8 @@ def compiled_side(rep: CompiledReport) -> dict[str, Any]:
           "vmem_buffers": [dataclasses.asdict(b) for b in rep.xla_peak.vmem_buffers]
           if rep.xla_peak else [],
           "program": rep.program}
+  if rep.memory_scheduler:
+    comp["memory_scheduler"] = rep.memory_scheduler
   if rep.measured:
     comp["measured"] = rep.measured
   return comp

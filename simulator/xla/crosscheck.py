@@ -41,14 +41,17 @@ def _symbolic(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
 def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
              y: int, target: str | None = None, execute_steps: int = 0,
              progress: Callable[[str], None] | None = None,
-             dump_dir: str | None = None, d: int = 1) -> dict[str, Any]:
+             dump_dir: str | None = None, d: int = 1,
+             dump_passes: str = "^$") -> dict[str, Any]:
   """Compile the step for `target` (default: the TPU `topology`) and compare;
-  `d` data-parallel replicas outermost (meshes.layout)."""
+  `d` data-parallel replicas outermost (meshes.layout); the compiler's dumps
+  kept in `dump_dir`, with the module before and after each pass
+  `dump_passes` matches."""
   estimate, program, _ = _symbolic(cfg, settings, topology, x, y, d)
   kwargs = {} if progress is None else {"progress": progress}
   rep = compiled.compile_report(cfg, settings, target or topology, x, y,
                                 execute_steps=execute_steps, dump_dir=dump_dir,
-                                D=d, **kwargs)
+                                dump_passes=dump_passes, D=d, **kwargs)
   out = compiled.compare(estimate, rep)
   out["collectives"] = compiled.compare_collectives(
       program.made(), rep.collective_summary())

@@ -84,7 +84,7 @@ from meshes.layout import REPLICA_AXIS
 
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
          "collective-permute", "ragged-all-to-all")
-_DTYPE_BYTES = {
+DTYPE_BYTES = {
     "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
     "u32": 4, "s64": 8, "u64": 8, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
     "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "bf16": 2, "f16": 2, "f32": 4, "f64": 8,
@@ -92,7 +92,7 @@ _DTYPE_BYTES = {
 }
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
+INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _OP_KIND = re.compile(r"^(" + "|".join(KINDS) + r")(-start)?$")
 # MegaScale's host-side collectives (see the module docstring).
 _MEGASCALE = re.compile(r'custom_call_target="MegaScaleCollective(Input|Output)'
@@ -126,14 +126,14 @@ def shape_bytes(text: str) -> int:
   """Bytes of every array shape in `text` (a shape or a tuple of shapes)."""
   total = 0.0
   for dtype, dims in _ARRAY.findall(text):
-    if dtype not in _DTYPE_BYTES:
+    if dtype not in DTYPE_BYTES:
       continue
     n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
-    total += n * _DTYPE_BYTES[dtype]
+    total += n * DTYPE_BYTES[dtype]
   return int(total)
 
 
-def _computations(text: str) -> dict[str, list[str]]:
+def computations(text: str) -> dict[str, list[str]]:
   comps: dict[str, list[str]] = {}
   current = None
   for line in text.splitlines():
@@ -151,7 +151,7 @@ def _computations(text: str) -> dict[str, list[str]]:
   return comps
 
 
-def _entry_name(text: str) -> str | None:
+def entry_name(text: str) -> str | None:
   m = re.search(r"^ENTRY\s+%?([\w.\-]+)", text, re.M)
   return m.group(1) if m else None
 
@@ -194,7 +194,7 @@ def _multipliers(text: str, comps: dict[str, list[str]]) -> tuple[dict[str, int]
         if listed:
           for callee in re.findall(r"%?([\w.\-]+)", listed.group(1)):
             calls[name].append((callee, 1))
-  entry = _entry_name(text)
+  entry = entry_name(text)
   mult: dict[str, int] = collections.defaultdict(int)
   if entry is None:
     return {n: 1 for n in comps}, known
@@ -313,7 +313,7 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
                       axis_names: Sequence[str] = ("X", "Y")
                       ) -> tuple[list[HloCollective], bool]:
   """(collectives, trip_counts_known) for a compiled module's `as_text()`."""
-  comps = _computations(hlo_text)
+  comps = computations(hlo_text)
   mult, known = _multipliers(hlo_text, comps)
   fused = _fused(comps)
   dcn_axes = (REPLICA_AXIS,) if REPLICA_AXIS in axis_names else None
@@ -329,9 +329,9 @@ def parse_collectives(hlo_text: str, mesh_shape: Sequence[int],
       shapes[pname] = pshape
     host_inputs = {ms.group(2): shape_bytes(m.group(2)) for line in lines[1:]
                    if (ms := _MEGASCALE.search(line)) and ms.group(1) == "Input"
-                   and (m := _INSTR.match(line))}
+                   and (m := INSTRUCTION.match(line))}
     for line in lines[1:]:
-      m = _INSTR.match(line)
+      m = INSTRUCTION.match(line)
       if not m:
         continue
       name, result, op, rest = m.groups()
@@ -416,7 +416,7 @@ def _fused(comps: dict[str, list[str]]) -> set[str]:
                     re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", line)]
              for name, lines in comps.items()}
   todo = [c for lines in comps.values() for line in lines[1:]
-          if (m := _INSTR.match(line)) and m.group(3) == "fusion"
+          if (m := INSTRUCTION.match(line)) and m.group(3) == "fusion"
           for c in re.findall(r"calls=%?([\w.\-]+)", line)]
   fused: set[str] = set()
   while todo:
@@ -436,12 +436,12 @@ def _whole_reduce_scatter(lines: list[str]) -> bool:
   collectives' channel ids (#288: channel 31's all-reduce-scatter, 31 runs
   in the backward loop and 1 peeled)."""
   root = next((l for l in lines[1:] if l.lstrip().startswith("ROOT ")), "")
-  m = _INSTR.match(root)
+  m = INSTRUCTION.match(root)
   if not m or m.group(3) != "dynamic-slice":
     return False
   operand = re.findall(r"%([\w.\-]+)", m.group(4))[:1]
   return bool(operand) and any(
-      (i := _INSTR.match(l)) and i.group(1) == operand[0]
+      (i := INSTRUCTION.match(l)) and i.group(1) == operand[0]
       and i.group(3).startswith("all-reduce") for l in lines[1:])
 
 

@@ -1,0 +1,44 @@
+"""Replays XLA's DFS and post-order memory schedules on a dumped module and
+shows which order XLA kept (simulator.xla.memory_scheduler).
+
+  python -m experiments.validate --model=gpt2 --topology=v5p-8 --mesh=4x1 \\
+      --batch=16 --seq=1024 --remat=full --shard=dp \\
+      --dump_dir=/tmp/d --dump_passes=memory-scheduler
+  python -m experiments.schedule_replay --dump_dir=/tmp/d
+
+(`validate` itself prints libtpu's estimates of the three schedules and
+which one it kept.)
+"""
+
+from __future__ import annotations
+
+import os
+
+from experiments import cli
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("dump_dir", None, "a directory `experiments.validate "
+                    "--dump_dir=DIR --dump_passes=memory-scheduler` wrote")
+flags.DEFINE_float("min_mib", 64, "list the loops and the buffers of this "
+                   "many MiB or more")
+
+
+def main(argv) -> None:
+  del argv
+  from simulator.xla import memory_scheduler
+  if not FLAGS.dump_dir or not os.path.isdir(FLAGS.dump_dir):
+    cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is not a directory; give the one "
+             "experiments.validate --dump_dir=DIR --dump_passes=memory-"
+             "scheduler wrote")
+  if FLAGS.min_mib < 0:
+    cli.fail(f"--min_mib={FLAGS.min_mib:g} must be 0 or more")
+  try:
+    replay = memory_scheduler.replay(FLAGS.dump_dir)
+  except (FileNotFoundError, ValueError) as e:
+    cli.fail(str(e))
+  print(memory_scheduler.describe(replay, int(FLAGS.min_mib * 2**20)))
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,363 @@
+"""XLA's memory schedulers replayed on a dumped HLO module: the order a step
+runs in, read off the module rather than guessed.
+
+libtpu's final scheduling pipeline (pass hlo-memory-scheduler-with-brkga-
+fallback, its BRKGA fallback off in the dumped flagfile) runs OpenXLA's
+DefaultMemoryScheduler (xla/service/hlo_memory_scheduler.cc). It orders the
+module three ways: a list schedule, a DFS schedule and the post order. It
+simulates each one's heap and keeps the smallest. libtpu logs the three sizes
+and its choice at --vmodule=hlo_memory_scheduler=2; `request_log` asks for
+that and `logged` reads it off each compile (simulator.xla.compiled).
+
+`dfs_order` and `post_order` replay two of the three on the entry computation
+dumped before that pass (`experiments.validate --dump_passes=memory-scheduler`).
+Instruction for instruction, they give the order XLA kept:
+- gpt2 v5p-8 4x1 b16 s1024 full dp (corpus #25): XLA chose the DFS schedule
+  (list 2.94, DFS 2.62, post order 3.04 GiB); `dfs_order` gives all 290
+  entry instructions in XLA's order.
+- gpt2 v5p-8 1x4 b8 s512 dots adafactor (#2): XLA chose the post order;
+  `post_order` gives all 653 in its order.
+- llama3_8b v5p-32 16x1 b256 s4096 (#56, DFS) and llama2_13b v5p-32 16x1
+  b512 (#55, post order): 234 of 234 and 212 of 212 (README).
+tests/test_memory_scheduler.py holds the first two on their dumps. The list schedule
+is not replayed.
+
+What the DFS order turns on. The DFS schedule visits an instruction's
+operands by three keys, in turn:
+- transitive extra users, capped at the instruction count;
+- transitive bytes defined (the TPU's tiled sizes), capped at the bytes
+  defined so far in post order;
+- the name.
+In a training step almost everything the backward pass makes reaches both
+caps. So which of two gradients is made first (the output projection's
+before or after the layers' backward loop: the deferred-weight-gradients
+rule, simulator.memory.xla_rules) turns on three things a jaxpr does not
+have: where each falls in the fused module's post order, the fused buffers'
+tiled sizes, and the instruction names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import glob
+import os
+import re
+from typing import Iterator
+
+from simulator.memory.tiling import tiled
+from simulator.xla.hlo_collectives import (DTYPE_BYTES, INSTRUCTION,
+                                           computations, entry_name)
+
+# What libtpu is asked to log (`request_log`): the scheduler's estimates,
+# each line written at once (its INFO log is otherwise flushed up to 30 s
+# late, after the compile has returned).
+LOG_FLAG = "--vmodule=hlo_memory_scheduler=2 --logbufsecs=0"
+_LOG_DIR = "/tmp/tpu_logs"  # libtpu's log directory unless TPU_LOG_DIR says
+# The pass whose input and output the replay reads (libtpu's final_scheduler
+# pipeline, dump 0000/0001 of `--dump_passes=memory-scheduler`).
+PASS = "hlo-memory-scheduler"
+# Instructions the schedulers' statistics skip (ListScheduler::
+# IgnoreInstruction): they occupy no scheduled buffer.
+_IGNORED = ("parameter", "constant")
+# Instructions that define no buffer of their own (they alias an operand's).
+_ALIASING = ("get-tuple-element", "bitcast")
+_POINTER_BYTES = 8  # a tuple's index table: one pointer per element
+_ARRAY_LAYOUT = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+_TILE = re.compile(r"T\(([\d,]+)\)")
+_LOG = re.compile(r"(Min-memory|Chose min-memory) (list|dfs|post[ _]order) "
+                  r"sequence: ([\d.]+)([KMGT]?i?B)")
+_NAMES = {"list": "list", "dfs": "DFS", "post order": "post-order"}
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+  name: str
+  opcode: str
+  shape: str  # its result shape with layouts, as the module prints it
+  operands: tuple[str, ...]
+  control: tuple[str, ...]  # control predecessors
+  op_name: str = ""  # the jax op it came from (metadata), for people
+
+
+@dataclasses.dataclass(frozen=True)
+class Computation:
+  instructions: dict[str, Instruction]  # in the module's text order
+  root: str
+
+
+def read_entry(text: str) -> Computation:
+  """The entry computation of an HLO module's text."""
+  lines = computations(text).get(entry_name(text) or "", [])
+  instructions: dict[str, Instruction] = {}
+  root = ""
+  for line in lines[1:]:
+    m = INSTRUCTION.match(line)
+    if not m:
+      continue
+    name, shape, opcode, rest = m.groups()
+    operands = re.findall(r"%([\w.\-]+)", _up_to_close(rest))
+    control = re.search(r"control-predecessors=\{([^}]*)\}", rest)
+    op_name = re.search(r'op_name="([^"]*)"', rest)
+    instructions[name] = Instruction(
+        name, opcode, shape, tuple(operands),
+        tuple(re.findall(r"%([\w.\-]+)", control.group(1))) if control else (),
+        op_name.group(1) if op_name else "")
+    if line.lstrip().startswith("ROOT"):
+      root = name
+  if not instructions:
+    raise ValueError("no entry computation in the module text")
+  return Computation(instructions, root or name)
+
+
+def _up_to_close(rest: str) -> str:
+  """The operand list: `rest` up to the parenthesis that closes it."""
+  depth = 1
+  for i, ch in enumerate(rest):
+    depth += (ch == "(") - (ch == ")")
+    if depth == 0:
+      return rest[:i]
+  return rest
+
+
+def tiled_array_bytes(shape: str) -> list[int]:
+  """Bytes of each array in a shape printed with its layouts: the TPU's
+  tiled size where the layout has a tile (simulator.memory.tiling)."""
+  out = []
+  for dtype, dims, layout in _ARRAY_LAYOUT.findall(shape):
+    if dtype not in DTYPE_BYTES:
+      continue
+    sizes = [int(d) for d in dims.split(",") if d]
+    minor_to_major, _, tiling = layout.strip("{}").partition(":")
+    tile = _TILE.search(tiling)
+    if tile:
+      order = [int(d) for d in minor_to_major.split(",") if d][::-1]
+      out.append(int(tiled([sizes[a] for a in order], DTYPE_BYTES[dtype],
+                           tuple(int(t) for t in tile.group(1).split(",")))))
+    else:
+      n = 1
+      for d in sizes:
+        n *= d
+      out.append(int(n * DTYPE_BYTES[dtype]))
+  return out
+
+
+def defined_bytes(instruction: Instruction) -> int:
+  """The bytes of the buffers an instruction defines (XLA's points-to
+  analysis and the TPU's size function): none for an alias, a tuple's index
+  table for a tuple, every element and that table for another tuple-shaped
+  result."""
+  if instruction.opcode in _ALIASING:
+    return 0
+  arrays = tiled_array_bytes(instruction.shape)
+  table = _POINTER_BYTES * len(arrays)
+  if instruction.shape.startswith("("):
+    return table if instruction.opcode == "tuple" else sum(arrays) + table
+  return sum(arrays)
+
+
+def _predecessors(c: Computation, name: str) -> list[str]:
+  i = c.instructions[name]
+  return list(dict.fromkeys(o for o in (*i.operands, *i.control)
+                            if o in c.instructions))
+
+
+def _users(c: Computation) -> dict[str, set[str]]:
+  users: dict[str, set[str]] = {n: set() for n in c.instructions}
+  for name, i in c.instructions.items():
+    for o in set(i.operands):
+      if o in users:
+        users[o].add(name)
+  return users
+
+
+def _dfs(c: Computation, start: str, seen: set, out: list, key=None) -> None:
+  """Post-order DFS from `start` (HloInstruction::Accept[WithOperandOrder]):
+  operands in their order, or sorted by `key` when given."""
+  stack = [(start, False)]
+  while stack:
+    name, expanded = stack.pop()
+    if expanded:
+      if name not in seen:
+        seen.add(name)
+        out.append(name)
+      continue
+    if name in seen:
+      continue
+    stack.append((name, True))
+    children = _predecessors(c, name)
+    if key is not None:
+      children.sort(key=key)
+    stack += [(k, False) for k in reversed(children) if k not in seen]
+
+
+def post_order(c: Computation) -> list[str]:
+  """The post order (HloComputation::MakeInstructionPostOrder: from each
+  instruction no one uses, in the module's order): what
+  PostOrderMemoryScheduler schedules."""
+  users = _users(c)
+  out: list[str] = []
+  seen: set = set()
+  for r in (n for n in c.instructions if not users[n]):
+    _dfs(c, r, seen, out)
+  return out
+
+
+def dfs_order(c: Computation) -> list[str]:
+  """DFSMemoryScheduler's order: a post-order DFS that visits operands by
+  decreasing transitive extra users (each instruction's users less one,
+  summed over everything that leads to it, capped at the instruction count),
+  then decreasing transitive bytes (capped at the bytes defined so far in
+  post order), then name."""
+  users = _users(c)
+  extra: dict[str, int] = {}
+  sizes: dict[str, int] = {}
+  cumulative = 0
+  for name in post_order(c):
+    i = c.instructions[name]
+    if i.opcode in _IGNORED:
+      extra[name] = sizes[name] = 0
+      continue
+    own = defined_bytes(i)
+    cumulative += own
+    operands = set(i.operands) & c.instructions.keys()
+    extra[name] = min(max(len(users[name]) - 1, 0)
+                      + sum(extra[o] for o in operands), len(c.instructions))
+    sizes[name] = min(own + sum(sizes[o] for o in operands), cumulative)
+
+  def first(a: str, b: str) -> int:
+    return ((extra[b] > extra[a]) - (extra[b] < extra[a])
+            or (sizes[b] > sizes[a]) - (sizes[b] < sizes[a])
+            or (a > b) - (a < b))
+
+  out: list[str] = []
+  seen: set = set()
+  # HloComputation::AcceptWithOperandOrder: the unreachable roots, then the
+  # root
+  for r in [n for n in c.instructions if not users[n] and n != c.root] + [
+      c.root]:
+    _dfs(c, r, seen, out, key=functools.cmp_to_key(first))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+  """XLA's order of a dumped module's entry computation beside the
+  replayed schedules."""
+
+  module: str
+  xla: list[str]  # the order XLA kept
+  dfs: list[str]
+  post: list[str]
+  computation: Computation  # as dumped before the pass
+
+  def agreement(self, order: list[str]) -> int:
+    """How many positions of `order` hold XLA's instruction."""
+    return sum(a == b for a, b in zip(order, self.xla))
+
+
+def pass_dumps(dump_dir: str) -> tuple[str, str]:
+  """The module dumped before and after the memory scheduler's pass."""
+  before = glob.glob(os.path.join(dump_dir, f"*.before_{PASS}*.txt"))
+  after = glob.glob(os.path.join(dump_dir, f"*.after_{PASS}*.txt"))
+  if len(before) != 1 or len(after) != 1:
+    raise FileNotFoundError(
+        f"{dump_dir!r} holds {len(before)} dumps before and {len(after)} "
+        f"after the {PASS} pass, not one of each; compile with "
+        "experiments.validate --dump_dir=DIR --dump_passes=memory-scheduler")
+  return before[0], after[0]
+
+
+def replay(dump_dir: str) -> Replay:
+  """Replays the DFS and post-order schedules on the module `dump_dir`
+  holds (dumped before and after the scheduler's pass)."""
+  before, after = pass_dumps(dump_dir)
+  with open(before) as f:
+    c = read_entry(f.read())
+  with open(after) as f:
+    xla = list(read_entry(f.read()).instructions)
+  return Replay(os.path.basename(before).split(".")[1], xla, dfs_order(c),
+                post_order(c), c)
+
+
+def read_log(text: str) -> dict[str, int | str]:
+  """libtpu's memory-scheduler log lines (`LOG_FLAG`): each schedule's heap
+  in bytes ({"list": ..., "dfs": ..., "post order": ...}) and "chose": the
+  one kept. Sizes as the log rounds them (three significant digits)."""
+  out: dict[str, int | str] = {}
+  for what, order, value, unit in _LOG.findall(text):
+    order = order.replace("_", " ")
+    if what == "Chose min-memory":
+      out["chose"] = order
+    else:
+      out[order] = round(float(value) * _UNITS[unit])
+  return out
+
+
+def describe(r: Replay, min_bytes: int) -> str:
+  """The replay for people: how much of XLA's order each replayed schedule
+  gives, and the loops and buffers of `min_bytes` or more in XLA's order
+  with their places in the replays."""
+  n = len(r.xla)
+  out = [f"{r.module}: {n} instructions in the entry computation, in the "
+         "order XLA's memory scheduler kept",
+         f"  DFS schedule replayed:   {r.agreement(r.dfs):5d} of {n} "
+         "positions as XLA's",
+         f"  post order replayed:     {r.agreement(r.post):5d} of {n}"]
+  dfs = {name: i for i, name in enumerate(r.dfs)}
+  post = {name: i for i, name in enumerate(r.post)}
+  out += [f"loops and buffers of {min_bytes / 2**20:g} MiB or more, in XLA's "
+          "order (position in XLA's, the DFS and the post order; GiB defined; "
+          "instruction; its jax op):"]
+  for i, name in enumerate(r.xla):
+    ins = r.computation.instructions[name]
+    size = defined_bytes(ins)
+    if ins.opcode == "while" or (size >= min_bytes
+                                 and ins.opcode not in _IGNORED):
+      out.append(f"  {i:5d} {dfs.get(name, -1):5d} {post.get(name, -1):5d} "
+                 f"{size / 2**30:8.3f}  {name:<28} {ins.op_name[-60:]}")
+  return "\n".join(out)
+
+
+def request_log() -> None:
+  """Asks libtpu to log its memory scheduler's estimates into its INFO log
+  (`logged` reads them). It takes effect if libtpu has not loaded yet; a
+  --vmodule already in LIBTPU_INIT_ARGS is kept as it is."""
+  args = os.environ.get("LIBTPU_INIT_ARGS", "")
+  if "--vmodule" not in args:
+    os.environ["LIBTPU_INIT_ARGS"] = f"{args} {LOG_FLAG}".strip()
+
+
+def _log_path() -> str | None:
+  """libtpu's INFO log of this process (named with its pid), if any."""
+  folder = os.environ.get("TPU_LOG_DIR", _LOG_DIR)
+  found = glob.glob(os.path.join(glob.escape(folder),
+                                 f"*.INFO.*.{os.getpid()}"))
+  return max(found, key=os.path.getmtime) if found else None
+
+
+@contextlib.contextmanager
+def logged() -> Iterator[dict]:
+  """Yields a dict that, after the block, holds `read_log` of what libtpu
+  logged during it (empty where it logged no estimates)."""
+  path = _log_path()
+  start = os.path.getsize(path) if path else 0
+  out: dict = {}
+  try:
+    yield out
+  finally:
+    now = _log_path()
+    if now:
+      with open(now, errors="replace") as f:
+        f.seek(start if now == path else 0)
+        out.update(read_log(f.read()))
+
+
+def summary(log: dict) -> str:
+  """libtpu's estimates and its choice, in one line of GiB."""
+  sizes = ", ".join(f"{_NAMES[k]} {log[k] / 2**30:.3f}"
+                    for k in _NAMES if k in log)
+  return (f"{sizes} GiB; kept the "
+          f"{_NAMES.get(str(log.get('chose')), '?')} schedule")
