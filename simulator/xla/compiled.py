@@ -99,9 +99,10 @@ def make_mesh(target: str, X: int, Y: int, P: int = 1, D: int = 1):
     grid = np.array(devices[:X * Y], dtype=object).reshape(X, Y)
     return jax.sharding.Mesh(grid, layout.AXIS_NAMES,
                              axis_types=(jax.sharding.AxisType.Explicit,) * 2)
-  memory_scheduler.request_log()  # before libtpu loads
-  return layout.device_mesh(layout.plan_mesh(parse_topology(target), X, Y,
-                                             P=P, D=D))
+  topology = parse_topology(target)
+  if topology.chip.kind == "tpu":
+    memory_scheduler.request_log()  # before libtpu loads
+  return layout.device_mesh(layout.plan_mesh(topology, X, Y, P=P, D=D))
 
 
 def symbolic_argument_bytes(step: Step, reads: Sequence[bool]
