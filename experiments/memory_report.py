@@ -85,7 +85,7 @@ def schedule_lines(estimate: memory.MemoryEstimate) -> list[str]:
   lines = ["  each schedule of the weight gradients simulated (XLA's scheduler "
            "picks one; the peak is the largest kept):"]
   for order, (b, kept) in sorted(peaks.items(), key=lambda kv: -kv[1][0]):
-    label = liveness.ORDER_NOTES.get(order, "weight gradients deferred")
+    label = liveness.order_label(order)
     note = "" if kept else ("  (dropped: over XLA's rematerialization "
                             "limit, the logits recomputed)")
     lines.append(f"    {label:<52}{_gib(b)} GiB{note}")

@@ -81,9 +81,8 @@ def _scheduler_lines(s: dict, c: dict) -> list[str]:
     return []
   from simulator.memory import liveness
   from simulator.xla import memory_scheduler
-  simulated = ", ".join(
-      f"{liveness.ORDER_NOTES.get(o, 'weight gradients deferred')} "
-      f"{b / GiB:.3f}" for o, b in s.get("schedule_peaks", {}).items())
+  simulated = ", ".join(f"{liveness.order_label(o)} {b / GiB:.3f}"
+                        for o, b in s.get("schedule_peaks", {}).items())
   return [f"XLA's memory scheduler (libtpu's estimates, no fragmentation): "
           f"{memory_scheduler.summary(c['memory_scheduler'])}; simulated: "
           f"{simulated} GiB"]

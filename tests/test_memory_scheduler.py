@@ -66,8 +66,8 @@ def test_the_post_order_replay_does_not_read_the_text_order():
 
 
 def test_tiled_sizes_decide_ties():
-  """A scalar takes one 512-byte tile: the DFS visits a copy of an s32[]
-  before a fusion of eight plain bytes."""
+  """A scalar takes one 512-byte tile, which is what puts #25's copy.336
+  (an s32[]) before iota_multiply_fusion.1 in XLA's DFS order."""
   assert M.tiled_array_bytes("s32[]{:T(128)}") == [512]
   assert M.tiled_array_bytes("f32[12,768]{1,0:T(8,128)}") == [16 * 768 * 4]
   assert M.tiled_array_bytes("(bf16[4,1024,768]{2,1,0:T(8,128)(2,1)}, s32[])") == [

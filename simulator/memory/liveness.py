@@ -734,6 +734,11 @@ ORDER_NOTES = {"traced": "weight gradients in traced order",
                          "zero-filled first"}
 
 
+def order_label(order: str) -> str:
+  """How a report names the schedule `order` (ORDERS)."""
+  return ORDER_NOTES.get(order, "weight gradients deferred")
+
+
 def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
              sms: xla_gpu_rules.Sms | None = None,
              one_device: bool = False) -> Points:

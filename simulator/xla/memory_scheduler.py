@@ -131,16 +131,12 @@ def tiled_array_bytes(shape: str) -> list[int]:
       continue
     sizes = [int(d) for d in dims.split(",") if d]
     minor_to_major, _, tiling = layout.strip("{}").partition(":")
+    order = [int(d) for d in minor_to_major.split(",") if d][::-1]
     tile = _TILE.search(tiling)
-    if tile:
-      order = [int(d) for d in minor_to_major.split(",") if d][::-1]
-      out.append(int(tiled([sizes[a] for a in order], DTYPE_BYTES[dtype],
-                           tuple(int(t) for t in tile.group(1).split(",")))))
-    else:
-      n = 1
-      for d in sizes:
-        n *= d
-      out.append(int(n * DTYPE_BYTES[dtype]))
+    out.append(int(tiled([sizes[a] for a in order or range(len(sizes))],
+                         DTYPE_BYTES[dtype],
+                         tuple(map(int, tile.group(1).split(",")))
+                         if tile else ())))
   return out
 
 
