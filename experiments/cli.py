@@ -75,6 +75,16 @@ def define_train_flags() -> None:
                        "slices)")
 
 
+def define_memory_scheduler_flag() -> None:
+  """--memory_scheduler: libtpu's, for a compile confirmation on a TPU."""
+  from simulator.xla.memory_scheduler import SCHEDULERS
+  flags.DEFINE_enum("memory_scheduler", "default", list(SCHEDULERS),
+                    "TPU: the memory scheduler libtpu runs (its "
+                    "--xla_memory_scheduler): default keeps the smallest of "
+                    "its list, DFS and post-order schedules by its own "
+                    "estimate, which is not always the smallest peak")
+
+
 def define_hbm_fraction_flag() -> None:
   """--hbm_fraction: the headroom a largest-batch answer keeps."""
   from simulator.memory.capacity import HBM_FRACTION

@@ -10,7 +10,8 @@ peak stays within --hbm_fraction of the chip's HBM follows from one trace
 the headroom the fine-tuning playbook (seed 002) keeps, 15-20%, in place of
 the 10% planning overhead. --confirm compiles the answer for the topology;
 --frontier=N compiles up to N times to pin XLA's own largest batch in the
-same budget, starting from the simulation's answers (simulator.xla.frontier).
+same budget, starting from the simulation's answers (simulator.xla.frontier);
+with --memory_scheduler=NAME those compiles run libtpu's scheduler NAME.
 --batch is ignored; --grad_accum makes the answer a multiple of it.
 """
 
@@ -32,6 +33,7 @@ flags.DEFINE_bool("confirm", False, "compile the answer for the topology")
 flags.DEFINE_integer("frontier", 0, "compile up to this many times to find "
                      "XLA's own largest batch in the same budget, starting "
                      "from the simulation's answers (0: off)")
+cli.define_memory_scheduler_flag()
 
 
 def main(argv) -> None:
@@ -42,6 +44,12 @@ def main(argv) -> None:
     raise ValueError(f"frontier={FLAGS.frontier} must be a number of "
                      "compiles, 0 (off) or more")
   cfg, plan = cli.model_and_plan()
+  if FLAGS.memory_scheduler != "default" and (
+      plan.topology.chip.kind != "tpu"
+      or not (FLAGS.confirm or FLAGS.frontier)):
+    cli.fail(f"--memory_scheduler={FLAGS.memory_scheduler} is libtpu's "
+             "--xla_memory_scheduler for the compiles of --confirm or "
+             "--frontier=N: it needs a TPU --topology and one of them")
   settings = cli.train_settings()
   step = plan.data * settings.batch_splits  # a sequence per micro-batch shard
   settings = dataclasses.replace(settings, batch=step)
@@ -72,7 +80,8 @@ def main(argv) -> None:
             "cuBLAS and hold more (README, 'Autotuned on a real GPU'): a "
             "batch that fits these compiles may not fit there, while the "
             "simulation's answer holds that schedule")
-    compile_at = frontier.compile_probe(cfg, settings, plan, cap)
+    compile_at = frontier.compile_probe(cfg, settings, plan, cap,
+                                        FLAGS.memory_scheduler)
 
     def probe(batch: int) -> frontier.Probe:
       p = compile_at(batch)

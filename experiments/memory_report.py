@@ -92,11 +92,14 @@ def schedule_lines(estimate: memory.MemoryEstimate) -> list[str]:
   kept_peaks = [b for b, kept in peaks.values() if kept]
   if max(kept_peaks) > min(kept_peaks):
     lines += ["  (XLA keeps the one its own estimate finds smallest, often the "
-              "smaller here; to see it,",
-              "  `experiments.validate` with these flags compiles the step "
-              "(with --dump_dir=DIR --dump_passes=memory-scheduler,",
+              "smaller here. `experiments.validate` with these",
+              "  flags compiles the step and prints each of XLA's three "
+              "schedules' heap replayed; with --memory_scheduler=list,",
+              "  dfs or post_order it compiles that schedule, which can peak "
+              "lower than the one XLA keeps;",
               "  `experiments.schedule_replay --dump_dir=DIR` shows the order "
-              "it kept), `experiments.max_batch --frontier=N` pins its "
+              "it kept (validate --dump_dir=DIR --dump_passes=memory-",
+              "  scheduler); `experiments.max_batch --frontier=N` pins its "
               "largest batch)"]
   return lines
 

@@ -1,5 +1,6 @@
-"""Replays XLA's DFS and post-order memory schedules on a dumped module and
-shows which order XLA kept (simulator.xla.memory_scheduler).
+"""Replays XLA's list, DFS and post-order memory schedules on a dumped module,
+shows which order XLA kept (simulator.xla.memory_scheduler) and each
+schedule's heap (simulator.xla.heap_replay).
 
   python -m experiments.validate --model=gpt2 --topology=v5p-8 --mesh=4x1 \\
       --batch=16 --seq=1024 --remat=full --shard=dp \\
@@ -38,6 +39,14 @@ def main(argv) -> None:
   except (FileNotFoundError, ValueError) as e:
     cli.fail(str(e))
   print(memory_scheduler.describe(replay, int(FLAGS.min_mib * 2**20)))
+  from simulator.xla import heap_replay
+  print("each schedule's heap replayed (simulator.xla.heap_replay; no "
+        "fragmentation, as libtpu's logged estimates), GiB, and the largest "
+        "buffers live at its peak:")
+  for scheduler, peak in heap_replay.peaks(replay.hlo).items():
+    print(f"  {memory_scheduler.label(scheduler):<10} {peak.bytes / 2**30:8.3f}"
+          f" at {peak.instruction} (step {peak.step}): " + ", ".join(
+              f"{b.instruction} {b.bytes / 2**30:.3f}" for b in peak.live[:4]))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ flags.DEFINE_string("dump_passes", None, "with --dump_dir: also dump the module 
                     "before and after each compiler pass this regular "
                     "expression matches (memory-scheduler: what "
                     "experiments.schedule_replay reads)")
+cli.define_memory_scheduler_flag()
 PEAK_LINES = 12  # buffers at XLA's peak shown in the text report
 VMEM_LINES = 4  # buffers XLA keeps in VMEM shown in the text report
 
@@ -77,15 +78,24 @@ def _pct(x) -> str:
 def _scheduler_lines(s: dict, c: dict) -> list[str]:
   """libtpu's memory-scheduler estimates beside the simulated schedules of
   the weight gradients (README "Does the compiler agree?")."""
-  if not c.get("memory_scheduler"):
-    return []
   from simulator.memory import liveness
   from simulator.xla import memory_scheduler
-  simulated = ", ".join(f"{liveness.order_label(o)} {b / GiB:.3f}"
-                        for o, b in s.get("schedule_peaks", {}).items())
-  return [f"XLA's memory scheduler (libtpu's estimates, no fragmentation): "
-          f"{memory_scheduler.summary(c['memory_scheduler'])}; simulated: "
-          f"{simulated} GiB"]
+  lines = []
+  if c.get("scheduler"):
+    lines.append(f"compiled with libtpu's {c['scheduler']} memory scheduler "
+                 "(--memory_scheduler)")
+  if c.get("memory_scheduler"):
+    simulated = ", ".join(f"{liveness.order_label(o)} {b / GiB:.3f}"
+                          for o, b in s.get("schedule_peaks", {}).items())
+    lines.append(f"XLA's memory scheduler (libtpu's estimates, no "
+                 f"fragmentation): {memory_scheduler.summary(c['memory_scheduler'])}"
+                 f"; simulated: {simulated} GiB")
+  if c.get("replayed_schedules"):
+    lines.append("its schedules replayed on the module before that pass "
+                 "(simulator.xla.heap_replay, no fragmentation): "
+                 + memory_scheduler.replayed_summary(c["replayed_schedules"],
+                                                     c["peak_bytes"]))
+  return lines
 
 
 def render(result: dict, header: str) -> str:
@@ -175,6 +185,13 @@ def _print_oom(row: dict) -> None:
   print(f"XLA: does not fit: needs {oom['temp_bytes'] / GiB:.1f} GiB of "
         f"temporaries, {oom['hbm_bytes'] / GiB:.1f} GiB of HBM available "
         "(CompileTimeHbmOom)")
+  if oom.get("replayed_schedules"):
+    from simulator.xla import memory_scheduler
+    print("its memory schedules replayed on the module before that pass "
+          "(simulator.xla.heap_replay, no fragmentation): "
+          + memory_scheduler.replayed_summary(
+              oom["replayed_schedules"], oom["hbm_bytes"],
+              f"the {oom['hbm_bytes'] / GiB:.1f} GiB of HBM"))
   if oom.get("peak_buffers"):  # read off the dump libtpu wrote as it refused
     print(f"XLA's heap at its peak: {oom['peak_bytes'] / GiB:.2f} GiB at "
           f"{oom['peak_instruction']}; largest live there (GiB):")
@@ -220,12 +237,18 @@ def main(argv):
     except re.error as e:
       cli.fail(f"--dump_passes={FLAGS.dump_passes!r} is not a regular "
                f"expression ({e}); e.g. memory-scheduler")
+  if FLAGS.memory_scheduler != "default" and (
+      topology.chip.kind != "tpu" or target in ("cpu", "gpu")):
+    cli.fail(f"--memory_scheduler={FLAGS.memory_scheduler} is libtpu's "
+             "--xla_memory_scheduler: it needs a TPU --topology compiled for "
+             "itself (no --target=cpu|gpu)")
   from simulator.xla import crosscheck
   try:
     result = crosscheck.validate(cfg, settings, FLAGS.topology, x, y,
                                  target, FLAGS.execute_steps,
                                  dump_dir=FLAGS.dump_dir, d=plan.D,
-                                 dump_passes=FLAGS.dump_passes or "^$")
+                                 dump_passes=FLAGS.dump_passes or "^$",
+                                 scheduler=FLAGS.memory_scheduler)
   except Exception as e:  # an out-of-HBM compile is an answer
     oom = crosscheck.hbm_oom(str(e))
     if oom is None and isinstance(e, jax.errors.JaxRuntimeError):

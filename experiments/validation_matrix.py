@@ -46,6 +46,7 @@ flags.DEFINE_enum("corpus", "tpu", ["tpu", "gpu"], "which corpus to compile: "
 cli.define_corpus_flags()  # --out default: experiments/validation.md, or
 # validation_gpu.md with --corpus=gpu
 cli.define_worker_flags()
+cli.define_memory_scheduler_flag()
 
 
 def _pct(x) -> str:
@@ -369,14 +370,20 @@ def main(argv):
     _say(f"re-checked {len(rows)} kept rows {pool.where} in "
          f"{time.time() - started:.1f} s")
     return
+  if FLAGS.memory_scheduler != "default" and (FLAGS.corpus != "tpu"
+                                              or not FLAGS.out):
+    cli.fail(f"--memory_scheduler={FLAGS.memory_scheduler} compiles the TPU "
+             "corpus with libtpu's other scheduler: give --out=FILE (the "
+             "corpus's own table holds the default's)")
   chosen = _chosen(FLAGS.only)
   pool = Pool(FLAGS.workers, FLAGS.ray_address)
   _say(f"compiling {len(chosen)} configs {pool.where}")
   rows: list = []
   here = pool.workers == 1 and not FLAGS.ray_address
   try:
-    for (_, i, _), future in pool.as_completed(
-        compile_index, ((FLAGS.corpus, i, here) for i in chosen)):
+    for (_, i, *_), future in pool.as_completed(
+        compile_index, ((FLAGS.corpus, i, here, FLAGS.memory_scheduler)
+                        for i in chosen)):
       r = future.result()
       _say(f"[{len(rows) + 1}/{len(chosen)} #{i} {_cases()[i].label()}] "
            f"{r.get('error') or 'compiled'} "
@@ -391,9 +398,11 @@ def main(argv):
     pool.close()
 
 
-def compile_index(corpus: str, i: int, progress: bool = False) -> dict:
-  """Case i of `corpus` ("tpu" or "gpu") compiled for its topology, as a
-  kept row (a worker runs this)."""
+def compile_index(corpus: str, i: int, progress: bool = False,
+                  scheduler: str = "default") -> dict:
+  """Case i of `corpus` ("tpu" or "gpu") compiled for its topology (with
+  libtpu's memory scheduler `scheduler`), as a kept row (a worker runs
+  this)."""
   from meshes.layout import parse_mesh_name
   from simulator.xla import crosscheck
   case = (gpu_corpus if corpus == "gpu" else validation_corpus).CASES[i]
@@ -401,8 +410,11 @@ def compile_index(corpus: str, i: int, progress: bool = False) -> dict:
   label = f"[#{i} {case.label()}]"
   r = crosscheck.compile_case(
       load_model(case.model), case.settings(), case.topology, x, y,
-      progress=(lambda m: _say(f"{label} {m}")) if progress else None, d=d)
-  r["config"] = {**dataclasses.asdict(case), "index": i}
+      progress=(lambda m: _say(f"{label} {m}")) if progress else None, d=d,
+      scheduler=scheduler)
+  r["config"] = {**dataclasses.asdict(case), "index": i,
+                 **({"memory_scheduler": scheduler}
+                    if scheduler != "default" else {})}
   if "oom" in r:  # the symbolic side of a plan XLA refused
     r = crosscheck.recheck(r)
   return r

@@ -77,3 +77,6 @@ def test_the_frontier_compiles_from_the_simulations_answer():
   bad = _run("--frontier=-1")
   assert bad.returncode == 2 and bad.stderr.strip() == (
       "error: frontier=-1 must be a number of compiles, 0 (off) or more")
+  bad = _run("--memory_scheduler=list")  # nothing compiled to run it in
+  assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+  assert "needs a TPU --topology and one of them" in bad.stderr

@@ -68,9 +68,10 @@ def test_schedule_lines_say_how_to_see_xlas_choice_where_they_differ():
                            plan_mesh(parse_topology("v5p-8"), 2, 2))
   peaks = [b for b, kept in e.schedule_peaks().values() if kept]
   lines = memory_report.schedule_lines(e)
-  assert len(lines) == 1 + len(e.schedule_peaks()) + 3 and len(peaks) == 2
+  assert len(lines) == 1 + len(e.schedule_peaks()) + 5 and len(peaks) == 2
   assert peaks[0] != peaks[1] and "--frontier=N" in lines[-1]
   assert any("schedule_replay" in l for l in lines[-3:])
+  assert any("--memory_scheduler=list" in l for l in lines[-5:])
 
 
 def test_bad_flags_one_line_exit_2():

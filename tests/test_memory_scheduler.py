@@ -128,3 +128,43 @@ def test_logged_reads_only_what_libtpu_logged_during_the_block(
   with M.logged() as nothing:
     pass
   assert nothing == {}
+
+
+# mixtral_mini v5p-16 4x2 b64 s2048 full (`validate --dump_passes=memory-
+# scheduler`, session 37): XLA kept the list schedule. The module before the
+# pass (whole: the heap replay runs the loops' bodies) and the entry
+# computation after it; metadata and backend configs removed.
+LOG_MIXTRAL = """\
+I1128 12:08:01.000000  1 hlo_memory_scheduler.cc:688] Min-memory list sequence: 3.33GiB
+I1128 12:08:01.000000  1 hlo_memory_scheduler.cc:699] Min-memory dfs sequence: 4.69GiB
+I1128 12:08:01.000000  1 hlo_memory_scheduler.cc:711] Min-memory post order sequence: 4.88GiB
+I1128 12:08:01.000000  1 hlo_memory_scheduler.cc:726] Chose min-memory list sequence: 3.33GiB
+"""
+
+
+def test_the_list_replay_runs_the_big_work_where_xla_did():
+  """Positions differ among ties (the many scalars and small copies, whose
+  order follows the computation's insertion order, which the text does not
+  keep); the loops, and every buffer of 256 MiB or more, come within ten
+  positions of XLA's, and the output projection's weight gradient
+  (fusion.392, f32[16000,1024]) runs before the layers' backward loop
+  (while.322), as the list scheduler's greed for freed bytes puts it: it is
+  the last reader of the f32 logits (fusion.452's second result, 1.95
+  GiB)."""
+  module = M.read_module(_text("mixtral_v5p16.before.hlo.gz"))
+  c = module.computations[module.entry]
+  xla = list(M.read_entry(_text("mixtral_v5p16.after.hlo.gz")).instructions)
+  replayed = M.list_order(c, module)
+  assert sorted(replayed) == sorted(xla)
+  loops = lambda order: [n for n in order  # noqa: E731
+                         if c.instructions[n].opcode == "while"]
+  assert loops(replayed) == loops(xla)
+  big = [n for n in xla if M.defined_bytes(c.instructions[n]) >= 2**28]
+  assert len(big) >= 5
+  for n in big:
+    assert abs(replayed.index(n) - xla.index(n)) <= 10, n
+  for order in (replayed, xla):
+    assert order.index("fusion.392") < order.index("while.322")
+  # the DFS order runs it after the loop, holding the logits through it
+  dfs = M.dfs_order(c)
+  assert dfs.index("fusion.392") > dfs.index("while.322")

@@ -29,6 +29,24 @@ def test_json_schema_tpu_v5p():
   assert isinstance(r["relative_error"]["peak"], float)
   assert r["compiled"]["layout_argument_bytes"] == r["compiled"]["argument_bytes"]
   assert "params" in r["symbolic"] and "peak" in r["symbolic"]
+  # each of libtpu's three schedules replayed on the module before its
+  # scheduler (simulator.xla.heap_replay): its own estimates, within 2%
+  logged, replayed = r["compiled"]["memory_scheduler"], r["compiled"][
+      "replayed_schedules"]
+  assert set(replayed) == {"list", "dfs", "post_order"}
+  for s in replayed:
+    assert abs(replayed[s] / logged[s.replace("_", " ")] - 1) < 0.02, (
+        s, replayed, logged)
+
+
+def test_a_forced_memory_scheduler():
+  """--memory_scheduler=list compiles with libtpu's list scheduler: no
+  choice is logged, the report says which one ran."""
+  p = _run("--model=tiny", "--topology=v5p-8", "--mesh=2x2", "--batch=8",
+           "--seq=128", "--memory_scheduler=list")
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "compiled with libtpu's list memory scheduler" in p.stdout
+  assert "kept the" not in p.stdout
 
 
 def test_bad_input_exit_2():
@@ -42,7 +60,11 @@ def test_bad_input_exit_2():
                        (["--model=tiny", "--dump_passes=memory-scheduler"],
                         "needs --dump_dir"),
                        (["--model=tiny", "--dump_dir=/tmp/shardsim-dumps",
-                         "--dump_passes=("], "is not a regular expression")):
+                         "--dump_passes=("], "is not a regular expression"),
+                       (["--model=tiny", "--memory_scheduler=fast"],
+                        "--memory_scheduler=fast"),
+                       (["--model=tiny", "--memory_scheduler=list",
+                         "--target=cpu"], "needs a TPU --topology")):
     p = _run("--topology=v5p-8", *args)
     assert p.returncode == 2, (args, p.stderr[-2000:])
     last = p.stderr.strip().splitlines()[-1]
@@ -75,6 +97,8 @@ def test_a_plan_over_hbm_is_an_answer():
           if l.startswith("XLA's heap at its peak: ")]
   assert heap and float(heap[0].split()[5]) > 95  # GiB, over v5p's HBM
   assert "jit(step)/" in p.stdout  # a buffer named by the op that made it
+  assert "its memory schedules replayed on the module before that pass" in (
+      p.stdout)
   assert "does not fit" in p.stdout.splitlines()[-1]
   assert "Traceback" not in p.stderr
 

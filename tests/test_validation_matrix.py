@@ -219,3 +219,29 @@ def test_cases_compile_in_worker_processes(tmp_path):
   table = [line for line in out.read_text().splitlines()
            if line.startswith("| ") and line[2].isdigit()]
   assert [int(line.split("|")[1]) for line in table] == toy
+
+
+def test_a_forced_memory_scheduler_needs_its_own_table(tmp_path):
+  """--memory_scheduler compiles cases with libtpu's other scheduler: rows
+  say which ran, and the corpus's own table is never written."""
+  for args in (["--memory_scheduler=list"],
+               ["--memory_scheduler=list", "--corpus=gpu",
+                f"--out={tmp_path / 'g.md'}"]):
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.validation_matrix", "--only=0",
+         *args], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "give --out=FILE" in proc.stderr
+  out, rows = tmp_path / "v.md", tmp_path / "r.jsonl"
+  toy = [i for i, c in enumerate(CASES) if c.part == "toy"][0]
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.validation_matrix", f"--only={toy}",
+       "--memory_scheduler=list", f"--jsonl={rows}", f"--out={out}"],
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  row = json.loads(rows.read_text())
+  assert row["config"]["memory_scheduler"] == row["compiled"]["scheduler"] == (
+      "list")
+  assert "memory_scheduler" not in row["compiled"]  # no choice was made
+  assert set(row["compiled"]["replayed_schedules"]) == {"list", "dfs",
+                                                        "post_order"}

@@ -48,7 +48,7 @@ import numpy as np
 from meshes import layout
 from meshes.topology import parse_topology
 from models.config import ModelConfig
-from simulator.xla import hlo_collectives, memory_scheduler, xla_peak
+from simulator.xla import heap_replay, hlo_collectives, memory_scheduler, xla_peak
 from simulator.memory.tiling import layout_bytes
 from simulator.settings import TrainSettings
 from simulator.step import Step, build_step, device_bytes, device_shape
@@ -165,6 +165,9 @@ class CompiledReport:
   # TPU: libtpu's memory-scheduler estimates and choice
   # (simulator.xla.memory_scheduler.read_log; {} where it logged none)
   memory_scheduler: dict = dataclasses.field(default_factory=dict)
+  # TPU: each of its three schedules' heap replayed (`replayed_schedules`)
+  replayed_schedules: dict = dataclasses.field(default_factory=dict)
+  scheduler: str = "default"  # the memory scheduler libtpu was told to run
 
   def collective_summary(self) -> dict[str, dict[str, int]]:
     return hlo_collectives.summarize(self.collectives)
@@ -199,34 +202,47 @@ class Compiled:
   xla_peak: xla_peak.XlaPeak | None = None  # TPU: the buffers at the peak
   program: str = ""  # the traced program's fingerprint (tracing.fingerprint)
   memory_scheduler: dict = dataclasses.field(default_factory=dict)
+  replayed_schedules: dict = dataclasses.field(default_factory=dict)
+  scheduler: str = "default"
 
 
 def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
                  progress: Progress | None = None, label: str = "",
-                 dump_dir: str | None = None, dump_passes: str = "^$"
-                 ) -> Compiled:
+                 dump_dir: str | None = None, dump_passes: str = "^$",
+                 scheduler: str = "default") -> Compiled:
   """Builds, lowers and compiles the train step on `mesh` (a real Mesh).
 
   On TPU and GPU the compiler dumps the optimized module, its buffer
   assignment and live ranges into `dump_dir` (a temporary directory if None),
-  and the module before and after each pass `dump_passes` matches.
+  and the module before and after each pass `dump_passes` matches; on a TPU
+  `scheduler` is libtpu's memory scheduler (`memory_scheduler.SCHEDULERS`).
   """
   step = build_step(cfg, settings, mesh)
   return compile_fn(step, step.fn, step.args, (0, 1), mesh, progress, label,
-                    dump_dir, dump_passes)
+                    dump_dir, dump_passes, scheduler)
 
 
 def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
                progress: Progress | None = None, label: str = "",
-               dump_dir: str | None = None, dump_passes: str = "^$"
-               ) -> Compiled:
+               dump_dir: str | None = None, dump_passes: str = "^$",
+               scheduler: str = "default") -> Compiled:
   """Lowers and compiles any step function `fn(*args)` on `mesh` (a real
   Mesh), the arguments in `donate` donated; `step` is kept beside it (the
-  train step, or a serving step of simulator.serve_step)."""
+  train step, or a serving step of simulator.serve_step). On a TPU,
+  `scheduler` is the memory scheduler libtpu runs (its
+  --xla_memory_scheduler; `memory_scheduler.SCHEDULERS`)."""
   say = progress or (lambda _: None)
   t0 = time.perf_counter()
-  # TPU and GPU: the buffers live at the peak are read off the dumps.
-  dumps = mesh.devices.flat[0].platform in ("tpu", "gpu")
+  platform = mesh.devices.flat[0].platform
+  if scheduler != "default" and platform != "tpu":
+    raise ValueError(f"memory scheduler {scheduler!r}: libtpu's "
+                     "--xla_memory_scheduler is for TPU targets; this mesh "
+                     f"is on {platform}")
+  # TPU and GPU: the buffers live at the peak are read off the dumps; on a
+  # TPU the module before the memory scheduler too (`replayed_schedules`).
+  dumps = platform in ("tpu", "gpu")
+  if platform == "tpu":
+    dump_passes = f"{dump_passes}|{memory_scheduler.PASS}"
   keep = contextlib.nullcontext(dump_dir) if dump_dir else None
   with jax.set_mesh(mesh), keep or tempfile.TemporaryDirectory() as dump:
     traced = jax.jit(fn, donate_argnums=donate).trace(*args)
@@ -236,25 +252,42 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
     module = module_name(lowered)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
     try:
-      with memory_scheduler.logged() as scheduler:
+      with memory_scheduler.logged() as scheduler_log:
         compiled = lowered.compile(
             compiler_options={"xla_dump_to": dump,
                               "xla_dump_hlo_as_text": True,
-                              "xla_dump_hlo_pass_re": dump_passes}
+                              "xla_dump_hlo_pass_re": dump_passes,
+                              **memory_scheduler.compiler_options(scheduler)}
             if dumps else None)
     except Exception as e:
       # libtpu refusing a plan for HBM still dumps the module's buffer
       # assignment and live ranges: what it held at its peak goes with
       # the error (`refused_peak`).
       e.xla_peak = refused_peak(dump, module) if dumps else None
+      e.replayed_schedules = (replayed_schedules(dump) if platform == "tpu"
+                              else {})
       e.program = program
       raise
     seconds = time.perf_counter() - t0
     hlo_text = _optimized_hlo(compiled, dump, module)
     peak = xla_peak.read_peak(dump, module) if dumps else None
+    replayed = replayed_schedules(dump) if platform == "tpu" else {}
   say(f"{label}compiled in {seconds:.1f} s")
   return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak,
-                  program, scheduler)
+                  program, scheduler_log, replayed, scheduler)
+
+
+def replayed_schedules(dump: str) -> dict[str, int]:
+  """{list, dfs, post_order: bytes}: each schedule's heap on the module
+  libtpu dumped before its memory scheduler (simulator.xla.heap_replay);
+  {} where the dump is not there (one module before and after the pass)."""
+  try:
+    before, _ = memory_scheduler.pass_dumps(dump)
+  except FileNotFoundError:
+    return {}
+  with open(before) as f:
+    module = memory_scheduler.read_module(f.read())
+  return {s: p.bytes for s, p in heap_replay.peaks(module).items()}
 
 
 def refused_peak(dump: str, module: str) -> xla_peak.XlaPeak | None:
@@ -378,13 +411,15 @@ def report(c: Compiled, target: str) -> CompiledReport:
       symbolic_arguments=symbolic_argument_bytes(c.step, c.reads),
       layout_argument_bytes=layout_argument_bytes(c), collectives=colls,
       trip_counts_known=known, xla_peak=c.xla_peak, program=c.program,
-      memory_scheduler=c.memory_scheduler)
+      memory_scheduler=c.memory_scheduler,
+      replayed_schedules=c.replayed_schedules, scheduler=c.scheduler)
 
 
 def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
                    X: int, Y: int, progress: Progress | None = _stderr,
                    execute_steps: int = 0, dump_dir: str | None = None,
-                   dump_passes: str = "^$", D: int = 1) -> CompiledReport:
+                   dump_passes: str = "^$", D: int = 1,
+                   scheduler: str = "default") -> CompiledReport:
   """Compiles for target (TPU topology name, "cpu" or "gpu") and reads the figures.
 
   execute_steps > 0 on a GPU (or CPU fake devices, where it checks that the
@@ -392,14 +427,14 @@ def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
   `run_steps`);
   dump_dir keeps the TPU compiler's dumps (module, buffer assignment, live
   ranges) there, with the module before and after each pass `dump_passes`
-  matches.
+  matches; `scheduler`: libtpu's memory scheduler (TPU only).
   """
   label = f"[{cfg.name} {target} {layout.mesh_name(X, Y, D=D)}] "
   if progress:
     progress(f"{label}building and lowering the train step ...")
   c = compile_step(cfg, settings, make_mesh(target, X, Y, settings.pp, D),
                    progress, label,
-                   dump_dir, dump_passes)
+                   dump_dir, dump_passes, scheduler)
   rep = report(c, target)
   if execute_steps and target in ("gpu", "cpu"):
     rep.measured = run_steps(c, execute_steps)
@@ -548,6 +583,10 @@ def compiled_side(rep: CompiledReport) -> dict[str, Any]:
           "program": rep.program}
   if rep.memory_scheduler:
     comp["memory_scheduler"] = rep.memory_scheduler
+  if rep.replayed_schedules:
+    comp["replayed_schedules"] = rep.replayed_schedules
+  if rep.scheduler != "default":
+    comp["scheduler"] = rep.scheduler
   if rep.measured:
     comp["measured"] = rep.measured
   return comp

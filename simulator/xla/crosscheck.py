@@ -42,16 +42,18 @@ def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
              y: int, target: str | None = None, execute_steps: int = 0,
              progress: Callable[[str], None] | None = None,
              dump_dir: str | None = None, d: int = 1,
-             dump_passes: str = "^$") -> dict[str, Any]:
+             dump_passes: str = "^$", scheduler: str = "default"
+             ) -> dict[str, Any]:
   """Compile the step for `target` (default: the TPU `topology`) and compare;
   `d` data-parallel replicas outermost (meshes.layout); the compiler's dumps
   kept in `dump_dir`, with the module before and after each pass
-  `dump_passes` matches."""
+  `dump_passes` matches; on a TPU libtpu's memory scheduler `scheduler`."""
   estimate, program, _ = _symbolic(cfg, settings, topology, x, y, d)
   kwargs = {} if progress is None else {"progress": progress}
   rep = compiled.compile_report(cfg, settings, target or topology, x, y,
                                 execute_steps=execute_steps, dump_dir=dump_dir,
-                                dump_passes=dump_passes, D=d, **kwargs)
+                                dump_passes=dump_passes, D=d,
+                                scheduler=scheduler, **kwargs)
   out = compiled.compare(estimate, rep)
   out["collectives"] = compiled.compare_collectives(
       program.made(), rep.collective_summary())
@@ -135,22 +137,28 @@ def refused_at(error: BaseException, top: int = compiled.PEAK_BUFFERS
   """What XLA held at its peak when it refused a plan for HBM, if its dump
   was read (simulator.xla.compiled.refused_peak): the peak's bytes, the
   instruction there and the `top` largest buffers live, as a kept row
-  holds them; {} otherwise."""
+  holds them, and each memory schedule's heap replayed on the module
+  (`replayed_schedules`: whether another schedule would fit); {}
+  otherwise."""
   peak = getattr(error, "xla_peak", None)
+  replayed = getattr(error, "replayed_schedules", None)
+  out = {"replayed_schedules": replayed} if replayed else {}
   if peak is None:
-    return {}
+    return out
   return {"peak_bytes": peak.peak_bytes, "peak_instruction": peak.instruction,
-          "peak_buffers": [dataclasses.asdict(b) for b in peak.buffers[:top]]}
+          "peak_buffers": [dataclasses.asdict(b) for b in peak.buffers[:top]],
+          **out}
 
 
 def compile_case(cfg: ModelConfig, settings: TrainSettings, topology: str,
                  x: int, y: int, progress: Callable[[str], None] | None = None,
-                 d: int = 1) -> dict[str, Any]:
+                 d: int = 1, scheduler: str = "default") -> dict[str, Any]:
   """`validate`, with a failed compile kept as a result: its message whole,
   and for an out-of-HBM compile the bytes XLA needed (`oom`)."""
   started = time.perf_counter()
   try:
-    return validate(cfg, settings, topology, x, y, progress=progress, d=d)
+    return validate(cfg, settings, topology, x, y, progress=progress, d=d,
+                    scheduler=scheduler)
   except Exception as e:  # noqa: BLE001 - a failed compile is a result
     text = str(e)
     first = text.splitlines()[0] if text else ""

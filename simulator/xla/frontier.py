@@ -91,16 +91,18 @@ def search(probe: Callable[[int], Probe], start: int, guess: int, step: int,
 
 
 def compile_probe(cfg: ModelConfig, settings: TrainSettings, plan: MeshPlan,
-                  cap_bytes: int) -> Callable[[int], Probe]:
-  """A probe that compiles the step at a batch for `plan`'s target and holds
-  XLA's peak against `cap_bytes`; an out-of-HBM refusal is an answer."""
+                  cap_bytes: int, scheduler: str = "default"
+                  ) -> Callable[[int], Probe]:
+  """A probe that compiles the step at a batch for `plan`'s target (on a TPU
+  with libtpu's memory scheduler `scheduler`) and holds XLA's peak against
+  `cap_bytes`; an out-of-HBM refusal is an answer."""
   from simulator.xla import compiled, crosscheck
 
   def run(batch: int) -> Probe:
     try:
       report = compiled.compile_report(
           cfg, dataclasses.replace(settings, batch=batch), plan.topology.name,
-          plan.X, plan.Y, progress=None, D=plan.D)
+          plan.X, plan.Y, progress=None, D=plan.D, scheduler=scheduler)
     except Exception as e:  # noqa: BLE001 - only XLA's HBM refusal is kept
       oom = crosscheck.hbm_oom(str(e))
       if oom is None:

@@ -42,6 +42,8 @@ import contextlib
 import dataclasses
 import functools
 import glob
+import itertools
+import math
 import os
 import re
 from typing import Iterator
@@ -69,6 +71,14 @@ _TILE = re.compile(r"T\(([\d,]+)\)")
 _LOG = re.compile(r"(Min-memory|Chose min-memory) (list|dfs|post[ _]order) "
                   r"sequence: ([\d.]+)([KMGT]?i?B)")
 _NAMES = {"list": "list", "dfs": "DFS", "post order": "post-order"}
+# The memory schedulers libtpu runs by name (its --xla_memory_scheduler, a
+# compile option: `compiler_options`), as libtpu lists them refusing another
+# name ("Valid options are: default, list, dfs, post_order, brkga, bfs, ilp,
+# backtracking, brute_force, local_order"). "default" is
+# DefaultMemoryScheduler: the smallest of list, DFS and post order by its own
+# estimate.
+SCHEDULERS = ("default", "list", "dfs", "post_order", "brkga", "bfs", "ilp",
+              "backtracking", "brute_force", "local_order")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
@@ -80,6 +90,18 @@ class Instruction:
   operands: tuple[str, ...]
   control: tuple[str, ...]  # control predecessors
   op_name: str = ""  # the jax op it came from (metadata), for people
+  text: str = ""  # what follows the opcode: operands and attributes
+
+  def attribute(self, key: str) -> str | None:
+    """An attribute's value: `index` of a get-tuple-element, `body` of a
+    while, `calls` of a fusion, ..."""
+    m = re.search(rf"\b{key}=%?([\w.\-]+)", self.text)
+    return m.group(1) if m else None
+
+  @property
+  def number(self) -> int:
+    """A parameter's number."""
+    return int(self.text.split(")", 1)[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +110,13 @@ class Computation:
   root: str
 
 
-def read_entry(text: str) -> Computation:
-  """The entry computation of an HLO module's text."""
-  lines = computations(text).get(entry_name(text) or "", [])
+@dataclasses.dataclass(frozen=True)
+class Module:
+  computations: dict[str, Computation]
+  entry: str
+
+
+def _computation(lines: list[str]) -> Computation | None:
   instructions: dict[str, Instruction] = {}
   root = ""
   for line in lines[1:]:
@@ -104,12 +130,28 @@ def read_entry(text: str) -> Computation:
     instructions[name] = Instruction(
         name, opcode, shape, tuple(operands),
         tuple(re.findall(r"%([\w.\-]+)", control.group(1))) if control else (),
-        op_name.group(1) if op_name else "")
+        op_name.group(1) if op_name else "", rest)
     if line.lstrip().startswith("ROOT"):
       root = name
-  if not instructions:
+  return Computation(instructions, root or name) if instructions else None
+
+
+def read_entry(text: str) -> Computation:
+  """The entry computation of an HLO module's text."""
+  c = _computation(computations(text).get(entry_name(text) or "", []))
+  if c is None:
     raise ValueError("no entry computation in the module text")
-  return Computation(instructions, root or name)
+  return c
+
+
+def read_module(text: str) -> Module:
+  """Every computation of an HLO module's text (fusions' too)."""
+  comps = {name: c for name, lines in computations(text).items()
+           if (c := _computation(lines)) is not None}
+  entry = entry_name(text)
+  if entry not in comps:
+    raise ValueError("no entry computation in the module text")
+  return Module(comps, entry)
 
 
 def _up_to_close(rest: str) -> str:
@@ -238,6 +280,173 @@ def dfs_order(c: Computation) -> list[str]:
   return out
 
 
+# A value (XLA's HloValue): the instruction that defines it and which element
+# of its result (-1: a tuple's index table).
+Value = tuple[str, int]
+# Instructions whose result is an operand's values (HloDataflowAnalysis
+# defines none for them).
+_FORWARDING = ("get-tuple-element", "bitcast", "optimization-barrier",
+               "add-dependency")
+
+
+def passed_through(module: Module, loop: Instruction) -> set[int]:
+  """The elements a while loop's body hands back unchanged (its root's
+  element k is its parameter's element k): the loop defines no new value
+  there (dataflow's phi values with one input are removed)."""
+  body = module.computations.get(loop.attribute("body") or "")
+  if body is None:
+    return set()
+  param = next((n for n, i in body.instructions.items()
+                if i.opcode == "parameter"), None)
+  root = body.instructions[body.root]
+  if root.opcode != "tuple":
+    return set()
+  out = set()
+  for k, o in enumerate(root.operands):
+    i = body.instructions.get(o)
+    if (i is not None and i.opcode == "get-tuple-element"
+        and i.operands[:1] == (param,) and i.attribute("index") == str(k)):
+      out.add(k)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Values:
+  """A computation's dataflow: the values at each element of each
+  instruction's result, and what each instruction defines."""
+
+  at: dict[str, list[frozenset]]  # instruction -> per element: its values
+  defined: dict[str, list[Value]]
+  sizes: dict[Value, int]
+
+  def flat(self, name: str) -> frozenset:
+    """Every value an instruction's result holds (its flattened value set),
+    its own tuple table included."""
+    return frozenset().union(*self.at[name], (v for v in self.defined[name]
+                                              if v[1] == -1))
+
+
+def values(c: Computation, module: Module | None = None) -> Values:
+  """The values of `c` (HloDataflowAnalysis in SSA form, as the schedulers
+  and the heap simulator read it): a get-tuple-element, bitcast or
+  ...-done forwards an operand's values; a tuple defines only its index
+  table; a while loop defines the elements its body changes
+  (`passed_through`, with `module`), every other instruction all of its."""
+  at: dict[str, list[frozenset]] = {}
+  defined: dict[str, list[Value]] = {}
+  sizes: dict[Value, int] = {}
+  for name in post_order(c):
+    i = c.instructions[name]
+    arrays = tiled_array_bytes(i.shape)
+    tup = i.shape.startswith("(")
+    operands = [at[o] for o in i.operands if o in at]
+    own: list[Value] = []
+
+    def new(k: int, size: int) -> frozenset:
+      sizes[(name, k)] = size
+      own.append((name, k))
+      return frozenset([(name, k)])
+
+    if i.opcode == "get-tuple-element":
+      k = int(i.attribute("index"))
+      elements = [operands[0][k] if k < len(operands[0]) else frozenset()]
+    elif i.opcode in _FORWARDING or i.opcode.endswith("-done"):
+      first = operands[0] if operands else [frozenset()]
+      elements = ([first[1]] if i.opcode.endswith("-done") and len(first) > 1
+                  else list(first))
+    elif i.opcode == "tuple":
+      elements = [frozenset().union(*o) for o in operands]
+      new(-1, _POINTER_BYTES * len(i.operands))
+    elif tup:
+      kept = (passed_through(module, i) if module and i.opcode == "while"
+              else set())
+      init = operands[0] if operands else []
+      forwarded = (i.opcode.endswith("-start") and i.opcode != "async-start"
+                   and operands)  # element 0: the operand itself
+      elements = [init[k] if k in kept and k < len(init)
+                  else frozenset().union(*operands[0]) if k == 0 and forwarded
+                  else new(k, b) for k, b in enumerate(arrays)]
+      new(-1, _POINTER_BYTES * len(arrays))
+    else:
+      elements = [new(0, sum(arrays))]
+    at[name], defined[name] = elements, own
+  return Values(at, defined, sizes)
+
+
+def _effective_scalar(shape: str) -> bool:
+  m = _ARRAY_LAYOUT.match(shape)
+  return (not shape.startswith("(") and m is not None
+          and all(d == "1" for d in m.group(2).split(",") if d))
+
+
+def list_order(c: Computation, module: Module | None = None) -> list[str]:
+  """ListMemoryScheduler's order (OpenXLA's ListScheduler): of the
+  instructions whose operands are all scheduled, take the one with the
+  highest priority, (bytes its operands' values free, those it reads last,
+  less the bytes it defines; its users), an effective scalar first, and of
+  equal ones the latest made ready (a std::multimap's last entry); a
+  value's unscheduled uses count each reader once, and the root's values
+  one use more (live out). Parameters and constants count no bytes."""
+  vals = values(c, module)
+  names = list(c.instructions)
+  users = _users(c)
+  ordered_users: dict[str, list[str]] = {n: [] for n in names}
+  successors: dict[str, list[str]] = {n: [] for n in names}
+  for n in names:
+    for o in dict.fromkeys(c.instructions[n].operands):
+      if o in ordered_users:
+        ordered_users[o].append(n)
+    for p in c.instructions[n].control:
+      if p in successors:
+        successors[p].append(n)
+  uses = {n: frozenset().union(*(vals.flat(o) for o in set(
+      c.instructions[n].operands) if o in vals.at)) for n in names}
+  unscheduled = dict.fromkeys(vals.sizes, 0)
+  for n in names:
+    for v in uses[n]:
+      unscheduled[v] += 1
+  for v in vals.flat(c.root):
+    unscheduled[v] += 1
+  ignored = {v for v in vals.sizes
+             if c.instructions[v[0]].opcode in _IGNORED}
+  defined = {n: 0 if c.instructions[n].opcode in _IGNORED
+             else sum(vals.sizes[v] for v in vals.defined[n]) for n in names}
+  waiting = {n: len(set(c.instructions[n].operands) & c.instructions.keys())
+             + len(c.instructions[n].control) for n in names}
+
+  def priority(n: str) -> tuple:
+    if _effective_scalar(c.instructions[n].shape):
+      return (math.inf, math.inf)
+    freed = sum(vals.sizes[v] for v in uses[n]
+                if v not in ignored and unscheduled[v] == 1)
+    return (freed - defined[n], len(users[n]))
+
+  ready: dict[str, tuple] = {}
+  count = itertools.count()
+  for n in names:
+    if not waiting[n]:
+      ready[n] = (priority(n), next(count))
+  out: list[str] = []
+  while ready:
+    best = max(ready, key=ready.__getitem__)
+    del ready[best]
+    out.append(best)
+    adjust = False
+    for v in uses[best]:
+      unscheduled[v] -= 1
+      adjust |= unscheduled[v] == 1
+    for u in ordered_users[best] + successors[best]:
+      waiting[u] -= 1
+      if not waiting[u]:
+        ready[u] = (priority(u), next(count))
+    if adjust:
+      for o in c.instructions[best].operands:
+        for u in ordered_users.get(o, ()):
+          if u in ready and priority(u) != ready[u][0]:
+            ready[u] = (priority(u), next(count))
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Replay:
   """XLA's order of a dumped module's entry computation beside the
@@ -245,9 +454,11 @@ class Replay:
 
   module: str
   xla: list[str]  # the order XLA kept
+  list: list[str]
   dfs: list[str]
   post: list[str]
   computation: Computation  # as dumped before the pass
+  hlo: Module  # the whole module as dumped before the pass
 
   def agreement(self, order: list[str]) -> int:
     """How many positions of `order` hold XLA's instruction."""
@@ -267,15 +478,16 @@ def pass_dumps(dump_dir: str) -> tuple[str, str]:
 
 
 def replay(dump_dir: str) -> Replay:
-  """Replays the DFS and post-order schedules on the module `dump_dir`
-  holds (dumped before and after the scheduler's pass)."""
+  """Replays the list, DFS and post-order schedules on the module
+  `dump_dir` holds (dumped before and after the scheduler's pass)."""
   before, after = pass_dumps(dump_dir)
   with open(before) as f:
-    c = read_entry(f.read())
+    module = read_module(f.read())
   with open(after) as f:
     xla = list(read_entry(f.read()).instructions)
-  return Replay(os.path.basename(before).split(".")[1], xla, dfs_order(c),
-                post_order(c), c)
+  c = module.computations[module.entry]
+  return Replay(os.path.basename(before).split(".")[1], xla,
+                list_order(c, module), dfs_order(c), post_order(c), c, module)
 
 
 def read_log(text: str) -> dict[str, int | str]:
@@ -299,22 +511,34 @@ def describe(r: Replay, min_bytes: int) -> str:
   n = len(r.xla)
   out = [f"{r.module}: {n} instructions in the entry computation, in the "
          "order XLA's memory scheduler kept",
+         f"  list schedule replayed:  {r.agreement(r.list):5d} of {n} "
+         "positions as XLA's (ties among small instructions follow an "
+         "order the dump does not keep)",
          f"  DFS schedule replayed:   {r.agreement(r.dfs):5d} of {n} "
          "positions as XLA's",
          f"  post order replayed:     {r.agreement(r.post):5d} of {n}"]
-  dfs = {name: i for i, name in enumerate(r.dfs)}
-  post = {name: i for i, name in enumerate(r.post)}
+  at = [{name: i for i, name in enumerate(o)}
+        for o in (r.list, r.dfs, r.post)]
   out += [f"loops and buffers of {min_bytes / 2**20:g} MiB or more, in XLA's "
-          "order (position in XLA's, the DFS and the post order; GiB defined; "
-          "instruction; its jax op):"]
+          "order (position in XLA's, the list, the DFS and the post order; "
+          "GiB defined; instruction; its jax op):"]
   for i, name in enumerate(r.xla):
     ins = r.computation.instructions[name]
     size = defined_bytes(ins)
     if ins.opcode == "while" or (size >= min_bytes
                                  and ins.opcode not in _IGNORED):
-      out.append(f"  {i:5d} {dfs.get(name, -1):5d} {post.get(name, -1):5d} "
-                 f"{size / 2**30:8.3f}  {name:<28} {ins.op_name[-60:]}")
+      out.append(f"  {i:5d} " + " ".join(f"{o.get(name, -1):5d}" for o in at)
+                 + f" {size / 2**30:8.3f}  {name:<28} {ins.op_name[-60:]}")
   return "\n".join(out)
+
+
+def compiler_options(scheduler: str) -> dict[str, str]:
+  """The compile option that makes libtpu run memory scheduler `scheduler`
+  (none for its default)."""
+  if scheduler not in SCHEDULERS:
+    raise ValueError(f"memory scheduler {scheduler!r}: libtpu's are "
+                     + ", ".join(SCHEDULERS))
+  return {} if scheduler == "default" else {"xla_memory_scheduler": scheduler}
 
 
 def request_log() -> None:
@@ -349,6 +573,25 @@ def logged() -> Iterator[dict]:
       with open(now, errors="replace") as f:
         f.seek(start if now == path else 0)
         out.update(read_log(f.read()))
+
+
+def label(scheduler: str) -> str:
+  """A schedule's name for people: list, DFS, post-order."""
+  return _NAMES.get(scheduler.replace("_", " "), scheduler)
+
+
+def replayed_summary(replayed: dict[str, int], against: int,
+                     what: str = "the compiled peak") -> str:
+  """Each schedule's replayed heap (simulator.xla.heap_replay) in one line
+  of GiB, and the scheduler to force where one is under `against` bytes
+  (`what`)."""
+  line = ", ".join(f"{label(k)} {v / 2**30:.3f}" for k, v in replayed.items())
+  smallest = min(replayed, key=replayed.__getitem__)
+  if replayed[smallest] >= against:
+    return f"{line} GiB"
+  return (f"{line} GiB; the {label(smallest)} schedule's is "
+          f"{(against - replayed[smallest]) / 2**30:.3f} GiB under {what}: "
+          f"--memory_scheduler={smallest} compiles it")
 
 
 def summary(log: dict) -> str:
