@@ -79,6 +79,14 @@ class _Buffers:
       self.parent[b] = a
       self.size[a] = max(self.size[a], self.size[b])
 
+  def share(self, mine, theirs) -> None:
+    """Element by element, each of `mine`'s values one buffer with each of
+    `theirs`' (lists of sets of values)."""
+    for a_set, b_set in zip(mine, theirs):
+      for a in a_set:
+        for b in b_set:
+          self.union(a, b)
+
 
 def _in_place(module: ms.Module, i: ms.Instruction) -> dict[int, int]:
   """{result element (0 for an array): operand} an instruction updates in
@@ -125,35 +133,26 @@ def peak(module: ms.Module, scheduler: str, top: int = 12) -> Peak:
     for value, size in v.sizes.items():
       bufs.add((name, value), size if c.instructions[value[0]].opcode
                != "constant" else 0)
+    held = lambda comp, elements: [{(comp, x) for x in e}  # noqa: E731
+                                   for e in elements]
     for n in order(c, module):
       i = c.instructions[n]
+      mine = held(name, v.at[n])
       if i.opcode == "parameter" and params is not None:
-        for mine, theirs in zip(v.at[n], params[i.number]):
-          for a in mine:
-            for b in theirs:
-              bufs.union((name, a), b)
-      operands = [[{(name, x) for x in e} for e in v.at[o]]
-                  for o in i.operands if o in v.at]
+        bufs.share(mine, params[i.number])
+      operands = [held(name, v.at[o]) for o in i.operands if o in v.at]
       callees = ([i.attribute(p) for p in _LOOP_PARTS] if i.opcode == "while"
                  else [i.attribute("to_apply")] if i.opcode == "call" else [])
       for callee in filter(None, callees):
         run(callee, [operands[0]] if i.opcode == "while" else operands)
-        callee_root = vals[callee].at[module.computations[callee].root]
         if i.opcode == "call" or callee == i.attribute("body"):
-          for mine, theirs in zip(v.at[n], callee_root):
-            for a in mine:
-              for b in theirs:
-                bufs.union((name, a), (callee, b))
+          bufs.share(mine, held(callee, vals[callee].at[
+              module.computations[callee].root]))
       if i.opcode == "while":
-        for mine, init in zip(v.at[n], operands[0]):
-          for a in mine:
-            for b in init:
-              bufs.union((name, a), b)
+        bufs.share(mine, operands[0])
       for k, o in _in_place(module, i).items():
-        if k < len(v.at[n]) and o < len(operands):
-          for a in v.at[n][k]:
-            for b in set().union(*operands[o]):
-              bufs.union((name, a), b)
+        if k < len(mine) and o < len(operands):
+          bufs.share([mine[k]], [set().union(*operands[o])])
       sequence.append((name, n))
 
   run(module.entry, None)
