@@ -590,8 +590,9 @@ def replayed_summary(replayed: dict[str, int], against: int,
   if replayed[smallest] >= against:
     return f"{line} GiB"
   return (f"{line} GiB; the {label(smallest)} schedule's is "
-          f"{(against - replayed[smallest]) / 2**30:.3f} GiB under {what}: "
-          f"--memory_scheduler={smallest} compiles it")
+          f"{(against - replayed[smallest]) / 2**30:.3f} GiB under {what} "
+          f"(an estimate, as libtpu's: --memory_scheduler={smallest} "
+          "compiles that schedule)")
 
 
 def summary(log: dict) -> str:
