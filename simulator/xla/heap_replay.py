@@ -23,8 +23,8 @@ body where the loop runs, and sums the buffers live at each step:
   entry's result to the end; constants take no heap.
 
 Checked against libtpu's own logged estimates and against compiles forced to
-one scheduler (`--memory_scheduler`): README, "Each schedule's peak,
-replayed".
+one scheduler (`--memory_scheduler`): README, "Each schedule's heap
+replayed, and libtpu's scheduler forced".
 """
 
 from __future__ import annotations

@@ -389,7 +389,6 @@ def list_order(c: Computation, module: Module | None = None) -> list[str]:
   one use more (live out). Parameters and constants count no bytes."""
   vals = values(c, module)
   names = list(c.instructions)
-  users = _users(c)
   ordered_users: dict[str, list[str]] = {n: [] for n in names}
   successors: dict[str, list[str]] = {n: [] for n in names}
   for n in names:
@@ -419,7 +418,7 @@ def list_order(c: Computation, module: Module | None = None) -> list[str]:
       return (math.inf, math.inf)
     freed = sum(vals.sizes[v] for v in uses[n]
                 if v not in ignored and unscheduled[v] == 1)
-    return (freed - defined[n], len(users[n]))
+    return (freed - defined[n], len(ordered_users[n]))
 
   ready: dict[str, tuple] = {}
   count = itertools.count()
@@ -442,8 +441,8 @@ def list_order(c: Computation, module: Module | None = None) -> list[str]:
     if adjust:
       for o in c.instructions[best].operands:
         for u in ordered_users.get(o, ()):
-          if u in ready and priority(u) != ready[u][0]:
-            ready[u] = (priority(u), next(count))
+          if u in ready and (p := priority(u)) != ready[u][0]:
+            ready[u] = (p, next(count))
   return out
 
 
