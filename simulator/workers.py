@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
+import threading
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 
@@ -23,7 +26,8 @@ class Pool:
       self._ray = _ray_connect(ray_address, workers)
     elif workers > 1:
       self._local = cf.ProcessPoolExecutor(
-          workers, multiprocessing.get_context("spawn"))
+          workers, multiprocessing.get_context("spawn"),
+          initializer=_exit_with_parent, initargs=(os.getpid(),))
 
   @property
   def where(self) -> str:
@@ -68,6 +72,17 @@ class Pool:
       self._local.shutdown(cancel_futures=True)
     if self._ray is not None:
       self._ray.shutdown()
+
+
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+  """In a worker: exit once `parent` is gone. A parent killed by a signal
+  runs no `close()`, and its spawned workers otherwise lived on, blocked or
+  compiling, for as long as one cared to look (seen: 25 min at 24% CPU each)."""
+  def watch() -> None:
+    while os.getppid() == parent:
+      time.sleep(every_s)
+    os._exit(1)
+  threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def _ray_connect(address: str, workers: int):

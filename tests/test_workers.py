@@ -58,3 +58,48 @@ def test_workers_run_every_job_once():
   finally:
     pool.close()
   assert got == sorted(n // 2 for n in range(10))
+
+
+_ORPHANED = """
+import os, signal, sys, time
+from simulator.workers import Pool
+
+def spin(_):
+  while True:
+    time.sleep(0.1)
+
+if __name__ == "__main__":
+  pool = Pool(2)
+  futures = [pool.submit(spin, i) for i in range(2)]
+  time.sleep(1.0)
+  while len(os.popen(f"pgrep -P {os.getpid()}").read().split()) < 2:
+    time.sleep(0.2)
+  print(" ".join(os.popen(f"pgrep -P {os.getpid()}").read().split()),
+        flush=True)
+  os.kill(os.getpid(), signal.SIGTERM)  # no close(), no finally
+"""
+
+
+def test_workers_exit_when_their_parent_is_killed(tmp_path):
+  """A parent killed by a signal runs no close(): its workers, busy on a job
+  that never ends, exit on their own within seconds (with multiprocessing's
+  resource tracker, which exits with its parent anyway)."""
+  import os
+  import subprocess
+  import sys
+  import time
+  script = tmp_path / "parent.py"
+  script.write_text(_ORPHANED)
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True,
+                        text=True, timeout=120,
+                        cwd=os.path.dirname(os.path.dirname(__file__)),
+                        env={**os.environ, "PYTHONPATH": os.path.dirname(
+                            os.path.dirname(os.path.abspath(__file__)))})
+  workers = [int(p) for p in proc.stdout.split()]
+  assert proc.returncode == -15 and len(workers) >= 2, proc.stderr[-2000:]
+  alive = lambda: [p for p in workers if os.path.exists(f"/proc/{p}")
+                   and "zombie" not in open(f"/proc/{p}/status").read()]
+  deadline = time.time() + 30
+  while alive() and time.time() < deadline:
+    time.sleep(0.2)
+  assert not alive()
