@@ -7,11 +7,13 @@
       experiments.gpu_corpus for GPU clusters through the CUDA plugin, K at a
       time (here, or as Ray tasks), appending each result to F as it finishes
   python -m experiments.validation_matrix --from_jsonl=experiments/data/compiled_corpus.jsonl
-      [--workers=K] [--ray_address=...]
+      [--workers=K] [--ray_address=...] [--jsonl=F]
       recompute the symbolic side of every kept row against its compiled
       figures (no compiling: two traces of each row's step, 1-3 s a row on
       the 2-core machine, K rows at a time) and rewrite the table, rows in
-      case order (the file keeps them in the order they finished compiling)
+      case order (the file keeps them in the order they finished compiling);
+      F, another file, gets the re-checked rows (each schedule's simulated
+      peak among them), one JSON line each
 
 A config that fails to compile is a result: an out-of-HBM compile keeps the
 bytes XLA said it needed and its heap at its peak as it refused. The table
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -358,6 +361,10 @@ def main(argv):
   from simulator.xla import crosscheck
   started = time.time()
   if FLAGS.from_jsonl:
+    if FLAGS.jsonl and os.path.abspath(FLAGS.jsonl) == os.path.abspath(
+        FLAGS.from_jsonl):
+      cli.fail(f"--jsonl={FLAGS.jsonl!r} is the --from_jsonl file; give "
+               "another file for the re-checked rows (the kept one stays)")
     kept = _read_rows(FLAGS.from_jsonl)
     pool = Pool(FLAGS.workers, FLAGS.ray_address)
     try:  # each row traced twice (~2 s on 2 cores): in parallel
@@ -366,6 +373,9 @@ def main(argv):
                     key=lambda r: r["config"].get("index", 0))
     finally:
       pool.close()
+    if FLAGS.jsonl:  # the re-checked rows, symbolic side as today's code
+      with open(FLAGS.jsonl, "w") as f:
+        f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
     write(rows, _out(), started)
     _say(f"re-checked {len(rows)} kept rows {pool.where} in "
          f"{time.time() - started:.1f} s")

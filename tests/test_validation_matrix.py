@@ -156,11 +156,18 @@ def test_from_jsonl_rechecks_and_rewrites_the_table(tmp_path):
   later = {**row, "config": {**config, "batch": 16, "index": 1}}
   first = {**row, "config": {**config, "index": 0}}
   src.write_text(json.dumps(later) + "\n" + json.dumps(first) + "\n")
+  rechecked = tmp_path / "again.jsonl"
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.validation_matrix",
-       f"--from_jsonl={src}", f"--out={out}"], capture_output=True, text=True)
+       f"--from_jsonl={src}", f"--out={out}", f"--jsonl={rechecked}"],
+      capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
   text = out.read_text()
+  # --jsonl: the re-checked rows, in case order, today's symbolic side
+  again = [json.loads(l) for l in rechecked.read_text().splitlines()]
+  assert [r["config"]["index"] for r in again] == [0, 1]
+  assert all(r["compiled"] == row["compiled"] for r in again)
+  assert again[1]["symbolic"]["peak"] > again[0]["symbolic"]["peak"]
   # the same rows re-checked two at a time write the same table
   two = tmp_path / "v2.md"
   proc = subprocess.run(
@@ -187,13 +194,15 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
   for args, message in (
       (["--only=3,x"], "'x' is not a config index; valid: 0 to"),
       ([f"--from_jsonl={bad}"], "not a --jsonl file of an earlier run"),
-      ([f"--from_jsonl={empty}"], "holds no rows")):
+      ([f"--from_jsonl={empty}"], "holds no rows"),
+      ([f"--from_jsonl={bad}", f"--jsonl={bad}"], "is the --from_jsonl file")):
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.validation_matrix", *args,
          f"--out={out}"], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+  assert bad.read_text() == '{"no": "config"}\n'  # nothing written over
 
 
 def test_cases_compile_in_worker_processes(tmp_path):
