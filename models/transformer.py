@@ -310,12 +310,17 @@ def scanned(block: type[nn.Module], n_layers: int, remat: str,
   `layers` logical axis), rematerialized by the named policy; `in_axes` says
   which arguments after the carried residual stream are sliced per layer (0:
   a KV cache stacked over layers) and which are the same for every layer
-  (nn.broadcast)."""
+  (nn.broadcast). Flax's loop-invariance check is off: it traces the body
+  a second time to find broadcast outputs, which this scan has none of,
+  and without a remat boundary that trace's constant computations stayed
+  in the step as dead equations (remat none: the blockwise attention's
+  zero accumulators, timed as HBM traffic)."""
   if remat != "none":
     block = nn.remat(block, policy=policy(remat), prevent_cse=False)
   return nn.scan(block, variable_axes={"params": 0},
                  split_rngs={"params": True}, in_axes=in_axes,
-                 length=n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                 length=n_layers, metadata_params={nn.PARTITION_NAME: "layers"},
+                 check_constancy_invariants=False)
 
 
 def lookup(table_VxD: jax.Array, ids: jax.Array, rules: AxisRules,
