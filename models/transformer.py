@@ -313,8 +313,8 @@ def scanned(block: type[nn.Module], n_layers: int, remat: str,
   (nn.broadcast). Flax's loop-invariance check is off: it traces the body
   a second time to find broadcast outputs, which this scan has none of,
   and without a remat boundary that trace's constant computations stayed
-  in the step as dead equations (remat none: the blockwise attention's
-  zero accumulators, timed as HBM traffic)."""
+  in the step as dead equations (remat none: the rope table and the
+  blockwise attention's zero accumulators, timed as HBM traffic)."""
   if remat != "none":
     block = nn.remat(block, policy=policy(remat), prevent_cse=False)
   return nn.scan(block, variable_axes={"params": 0},
