@@ -1,5 +1,10 @@
 """simulator.workers: where compile jobs run."""
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 from simulator.workers import Pool
@@ -61,7 +66,7 @@ def test_workers_run_every_job_once():
 
 
 _ORPHANED = """
-import os, signal, sys, time
+import os, signal, time
 from simulator.workers import Pool
 
 def spin(_):
@@ -71,7 +76,6 @@ def spin(_):
 if __name__ == "__main__":
   pool = Pool(2)
   futures = [pool.submit(spin, i) for i in range(2)]
-  time.sleep(1.0)
   while len(os.popen(f"pgrep -P {os.getpid()}").read().split()) < 2:
     time.sleep(0.2)
   print(" ".join(os.popen(f"pgrep -P {os.getpid()}").read().split()),
@@ -84,17 +88,12 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
   """A parent killed by a signal runs no close(): its workers, busy on a job
   that never ends, exit on their own within seconds (with multiprocessing's
   resource tracker, which exits with its parent anyway)."""
-  import os
-  import subprocess
-  import sys
-  import time
   script = tmp_path / "parent.py"
   script.write_text(_ORPHANED)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   proc = subprocess.run([sys.executable, str(script)], capture_output=True,
-                        text=True, timeout=120,
-                        cwd=os.path.dirname(os.path.dirname(__file__)),
-                        env={**os.environ, "PYTHONPATH": os.path.dirname(
-                            os.path.dirname(os.path.abspath(__file__)))})
+                        text=True, timeout=120, cwd=root,
+                        env={**os.environ, "PYTHONPATH": root})
   workers = [int(p) for p in proc.stdout.split()]
   assert proc.returncode == -15 and len(workers) >= 2, proc.stderr[-2000:]
   alive = lambda: [p for p in workers if os.path.exists(f"/proc/{p}")
