@@ -299,6 +299,7 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   from tqdm import tqdm
   from experiments import tensorboard_writer as tbw
   from experiments.results import FILENAME, ResultsFile
+  from experiments.sweep_plots import Painters
   from simulator import search
   from simulator.cache import Cache
 
@@ -309,22 +310,29 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   print(f"{topo.describe()}; {cfg.name}; {len(todo)} "
         f"config{'' if len(todo) == 1 else 's'} to evaluate"
         f" ({len(done)} already in {results.path})", file=out)
-  for record in tqdm(sweep.evaluate(todo), total=len(todo), desc="sweep",
-                     disable=not progress, file=sys.stderr):
-    results.append(record)
-  results.sync()
+  painters = None  # started once the sweep traces: it has seconds to go
+  try:
+    for record in tqdm(sweep.evaluate(todo), total=len(todo), desc="sweep",
+                       disable=not progress, file=sys.stderr):
+      results.append(record)
+      if painters is None and sweep.traces:
+        painters = Painters()
+    results.sync()
 
-  wanted = {c.key for c in spec.configs(topo)}
-  records = [r for r in results.load() if search.record_key(r) in wanted]
-  ranked = search.rank(records)
-  ranked = _confirm(sweep, ranked, top_k, workers, results, progress, out,
-                    ray_address)
-  text = search.table(ranked)
-  why = search.recommendation(ranked, spec.hbm_fraction)
-  print(text, file=out)
-  print(why, file=out)
-  tb_dir = tbw.write_sweep(run_dir, ranked, text, why, topo.chip.hbm_bytes,
-                           sweep.cache)
+    wanted = {c.key for c in spec.configs(topo)}
+    records = [r for r in results.load() if search.record_key(r) in wanted]
+    ranked = search.rank(records)
+    ranked = _confirm(sweep, ranked, top_k, workers, results, progress, out,
+                      ray_address)
+    text = search.table(ranked)
+    why = search.recommendation(ranked, spec.hbm_fraction)
+    print(text, file=out)
+    print(why, file=out)
+    tb_dir = tbw.write_sweep(run_dir, ranked, text, why, topo.chip.hbm_bytes,
+                             sweep.cache, painters)
+  finally:
+    if painters is not None:
+      painters.close()
   print(f"results: {results.path}\ntensorboard: {tb_dir} "
         f"(tensorboard --logdir {tb_dir})", file=out)
   return SweepRun(run_dir, results.path, tb_dir, ranked, why)

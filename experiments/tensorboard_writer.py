@@ -224,10 +224,13 @@ def aligned(table: str) -> str:
 
 
 def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
-                recommendation: str, hbm_bytes: int, cache=None) -> str:
+                recommendation: str, hbm_bytes: int, cache=None,
+                painters: sweep_plots.Painters | None = None) -> str:
   """Writes the sweep's TensorBoard report into a new RUN_DIR/tensorboard[-n]:
   at most MAX_RUNS runs, so every dashboard opens with its runs selected.
-  cache: a simulator.cache.Cache keeping the pictures (sweep_plots), or None."""
+  cache: a simulator.cache.Cache keeping the pictures, or None; painters:
+  the processes drawing them, or None (sweep_plots)."""
+  pictures = sweep_plots.pictures(ranked, hbm_bytes, cache, painters)
   root = new_run_dir(run_dir, "tensorboard")
   ok = [r for r in ranked if r.get("status") == "ok"]  # failed: no session
   sessions = ok[:MAX_SESSIONS]
@@ -242,11 +245,10 @@ def write_sweep(run_dir: str, ranked: list[Mapping[str, Any]], table: str,
     # and breaks cells mid-word ("ran k"); a code block scrolls instead.
     w.text("sweep/ranked_table", f"```\n{aligned(table)}\n```{note}")
     w.text("sweep/recommendation", recommendation)
-    w.image("memory/breakdown", sweep_plots.memory_breakdown(
-        ranked, hbm_bytes, cache),
+    w.image("memory/breakdown", pictures["memory/breakdown"],
             description="what is live at each plan's peak, per device, "
             "stacked to the planned peak")
-    w.image("perf/mfu_heatmap", sweep_plots.mfu_heatmap(ranked, cache),
+    w.image("perf/mfu_heatmap", pictures["perf/mfu_heatmap"],
             description="best predicted MFU per (X, batch) of the plans "
             "that fit there")
     w.custom_scalars({f"{tag} over batch": f"^{tag}/" for tag in CURVES},

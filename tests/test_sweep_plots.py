@@ -6,7 +6,7 @@ import math
 import pytest
 from PIL import Image
 
-from experiments import sweep_plots
+from experiments import drawing, sweep_plots
 from simulator.cache import Cache
 
 GiB = 2**30
@@ -57,8 +57,9 @@ def _size(png: bytes) -> tuple[int, int]:
 
 def test_pictures_render():
   records = _records()
-  assert _size(sweep_plots.memory_breakdown(records, 95 * GiB))[0] > 300
-  assert _size(sweep_plots.mfu_heatmap(records))[1] > 200
+  pictures = sweep_plots.pictures(records, 95 * GiB)
+  assert _size(pictures["memory/breakdown"])[0] > 300
+  assert _size(pictures["perf/mfu_heatmap"])[1] > 200
 
 
 def test_a_picture_of_the_same_data_comes_from_the_cache(tmp_path,
@@ -67,14 +68,48 @@ def test_a_picture_of_the_same_data_comes_from_the_cache(tmp_path,
   draws, and a change in that data draws again."""
   cache = Cache(str(tmp_path))
   records = _records()
-  first = sweep_plots.mfu_heatmap(records, cache)
+  first = sweep_plots.pictures(records, 95 * GiB, cache)
 
   def drew_again():
     raise AssertionError("drew again")
 
-  monkeypatch.setattr(sweep_plots, "_pyplot", drew_again)
-  assert sweep_plots.mfu_heatmap(records, cache) == first
+  monkeypatch.setattr(drawing, "pyplot", drew_again)
+  assert sweep_plots.pictures(records, 95 * GiB, cache) == first
   records[0]["mfu"] += 0.05
   with pytest.raises(AssertionError, match="drew again"):
-    sweep_plots.mfu_heatmap(records, cache)
+    sweep_plots.pictures(records, 95 * GiB, cache)
   assert not [p for p in tmp_path.rglob("*.tmp")]  # entries written whole
+
+
+def test_painters_draw_what_this_process_draws():
+  """The pictures drawn in the painters' processes, side by side, are the
+  bytes drawn here; the processes are gone once closed."""
+  records = _records()
+  painters = sweep_plots.Painters()
+  procs = list(painters._procs)
+  try:
+    beside = sweep_plots.pictures(records, 95 * GiB, painters=painters)
+  finally:
+    painters.close()
+  assert len(procs) == 2 and all(p.poll() is not None for p in procs)
+  assert beside == sweep_plots.pictures(records, 95 * GiB)
+
+
+def test_what_a_painter_fails_to_draw_is_drawn_here():
+  """A painter process that is gone (or answers an error) leaves its
+  picture to this process: the report still has it."""
+  painters = sweep_plots.Painters(count=1)
+  painters._procs[0].kill()
+  painters._procs[0].wait()
+  try:
+    made = painters.draw([("heatmap", {}), ("no such drawing", {})])
+    assert made == [None, None]
+    pictures = sweep_plots.pictures(_records(), 95 * GiB, painters=painters)
+  finally:
+    painters.close()
+  assert _size(pictures["perf/mfu_heatmap"])[1] > 200
+  with_errors = sweep_plots.Painters(count=1)
+  try:
+    assert with_errors.draw([("no such drawing", {})]) == [None]
+  finally:
+    with_errors.close()
