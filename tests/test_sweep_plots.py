@@ -83,16 +83,19 @@ def test_a_picture_of_the_same_data_comes_from_the_cache(tmp_path,
 
 def test_painters_draw_what_this_process_draws():
   """The pictures drawn in the painters' processes, side by side, are the
-  bytes drawn here; the processes are gone once closed."""
+  bytes drawn here (asked of the painters directly: `pictures` would draw
+  a failed one here); the processes are gone once closed."""
   records = _records()
+  requests = [("breakdown", sweep_plots.breakdown_data(records, 95 * GiB)),
+              ("heatmap", sweep_plots.heatmap_data(records))]
   painters = sweep_plots.Painters()
   procs = list(painters._procs)
   try:
-    beside = sweep_plots.pictures(records, 95 * GiB, painters=painters)
+    beside = painters.draw(requests)
   finally:
     painters.close()
   assert len(procs) == 2 and all(p.poll() is not None for p in procs)
-  assert beside == sweep_plots.pictures(records, 95 * GiB)
+  assert beside == [drawing.DRAWINGS[name](data) for name, data in requests]
 
 
 def test_what_a_painter_fails_to_draw_is_drawn_here():
