@@ -60,6 +60,11 @@ def bench(spec, cache_dir: str | None = None, share_traces: bool = True
           ) -> dict:
   from simulator import search
   from simulator.cache import Cache
+  # The estimators (and jax) load when a sweep first evaluates a config
+  # (simulator.search): loaded here, so the in-process figure is evaluation
+  # alone, as it has been; the whole-process runs below pay the imports.
+  import simulator.group_estimate  # noqa: F401  pylint: disable=unused-import
+  import simulator.tracing.trace  # noqa: F401  pylint: disable=unused-import
   start = time.perf_counter()
   sweep = search.Sweep(spec, cache=Cache(cache_dir), share_traces=share_traces)
   configs = spec.configs(sweep.topo)

@@ -407,7 +407,7 @@ def settings_line(name: str, settings: S.TrainSettings, cfg=None) -> str:
   """One line naming the model and every train setting, for report headers;
   given a vision-language model's config, the tokens its LM sees."""
   from models.vision import tokens_line
-  from simulator.step import with_images
+  from simulator.model_checks import with_images
   if cfg is not None:
     cfg = with_images(cfg, settings)
   return (f"{name}: batch {settings.batch} x seq {settings.seq}" + (

@@ -1,10 +1,11 @@
 """Hardware, slice topologies and the X x Y mesh laid over them."""
 
-# Before anything imports jax: its PJRT plugins (the CUDA one, with the `gpu`
-# extra) are loaded with their native logs hidden (meshes.quiet).
-from meshes.quiet import load_jax_plugins_quietly
+# Before anything imports jax: when something does, its PJRT plugins (the CUDA
+# one, with the `gpu` extra) are loaded with their native logs hidden
+# (meshes.quiet).
+from meshes.quiet import quiet_jax_import
 
-load_jax_plugins_quietly()
+quiet_jax_import()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from meshes.hardware import CHIPS, Chip, get_chip  # noqa: E402

@@ -34,14 +34,17 @@ import itertools
 import math
 import os
 import re
-
-import jax
-from jax.experimental import topologies
-from jax.sharding import AbstractMesh, AxisType, Mesh
-import numpy as np
+from typing import TYPE_CHECKING
 
 from meshes.quiet import native_stderr_quiet
 from meshes.topology import Topology
+
+# jax and numpy are imported where a mesh is made (the functions at the end):
+# planning a layout needs neither, and a sweep whose every result is cached
+# makes no mesh (meshes.quiet.quiet_jax_import).
+if TYPE_CHECKING:
+  import numpy as np
+  from jax.sharding import AbstractMesh, Mesh
 
 AXIS_NAMES = ("X", "Y")
 STAGE_AXIS = "P"  # pipeline stages, only in a mesh with P > 1
@@ -281,6 +284,7 @@ def _lay_out(shape: tuple[int, ...], y: int) -> tuple[tuple[int, ...], tuple[int
 def abstract_mesh(plan: MeshPlan) -> AbstractMesh:
   """The device-free mesh for tracing, with Explicit axes named X and Y (and
   P first, with pipeline stages)."""
+  from jax.sharding import AbstractMesh, AxisType  # pylint: disable=g-import-not-at-top
   return AbstractMesh(plan.axis_sizes, plan.axis_names,
                       axis_types=(AxisType.Explicit,) * len(plan.axis_names))
 
@@ -294,6 +298,8 @@ def device_mesh(plan: MeshPlan) -> Mesh:
   hardware); libtpu 0.0.52's default v4 config exposes each TensorCore as a device.
   TPU7x has no megacore config (2 devices per chip) and is refused.
   """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import AxisType, Mesh  # pylint: disable=g-import-not-at-top
   topo = plan.topology
   grid = np.empty((topo.hosts,) + topo.shape, dtype=object)
   if topo.chip.kind == "gpu":
@@ -319,6 +325,7 @@ def _tpu_devices(topo: Topology) -> list:
   # Compile-only use needs no exclusive hold on libtpu; without this a second
   # process (a test, a sweep beside a validate run) fails on libtpu's lockfile.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   config = "megacore" if topo.chip.megacore else "default"
   with native_stderr_quiet():
     devices = topologies.get_topology_desc(
@@ -350,6 +357,9 @@ def cpu_mesh(X: int, Y: int, P: int = 1, D: int = 1) -> Mesh:
   name = mesh_name(X, Y, P, D)
   if X <= 0 or Y <= 0 or P <= 0 or D <= 0 or (P > 1 and D > 1):
     raise ValueError(f"cpu mesh {name} needs positive sizes, P or D")
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import AxisType, Mesh  # pylint: disable=g-import-not-at-top
   n = P * D * X * Y
   devices = jax.devices("cpu")
   if len(devices) < n:

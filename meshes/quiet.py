@@ -12,7 +12,10 @@ Failures still raise; only fd 2 is redirected, and only for the call.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import os
+import sys
 
 
 @contextlib.contextmanager
@@ -36,3 +39,46 @@ def load_jax_plugins_quietly() -> None:
   with native_stderr_quiet():
     from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
     xla_bridge._discover_and_register_pjrt_plugins()  # pylint: disable=protected-access
+
+
+class _QuietJaxLoader(importlib.abc.Loader):
+  """jax's own loader, its module run with fd 2 hidden and its plugins
+  registered there (`load_jax_plugins_quietly`)."""
+
+  def __init__(self, loader):
+    self._loader = loader
+
+  def create_module(self, spec):
+    return self._loader.create_module(spec)
+
+  def exec_module(self, module) -> None:
+    with native_stderr_quiet():
+      self._loader.exec_module(module)
+    load_jax_plugins_quietly()
+
+  def __getattr__(self, name):  # resource readers, is_package, ...
+    return getattr(self._loader, name)
+
+
+class _QuietJaxFinder(importlib.abc.MetaPathFinder):
+  """Finds jax where Python would, once, and hands it `_QuietJaxLoader`."""
+
+  def find_spec(self, name, path=None, target=None):
+    if name != "jax":
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is not None and spec.loader is not None:
+      spec.loader = _QuietJaxLoader(spec.loader)
+    return spec
+
+
+def quiet_jax_import() -> None:
+  """Makes the process's first `import jax`, wherever it happens, load the
+  plugins quietly, without importing jax now: a run that needs nothing of
+  jax (a sweep whose every result is cached) does not pay its second of
+  imports. Where jax is already imported, its plugins are registered now."""
+  if "jax" in sys.modules:
+    load_jax_plugins_quietly()
+  elif not any(isinstance(f, _QuietJaxFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _QuietJaxFinder())

@@ -176,3 +176,18 @@ class ModelConfig:
     if not (isinstance(coef, (int, float)) and 0 <= coef < float("inf")):
       raise ValueError(f"model {self.name!r}: router_aux_loss_coef={coef!r} "
                        "must be a finite number >= 0")
+
+
+def at_resolution(cfg: ModelConfig, image_size: int, patch_size: int
+                  ) -> ModelConfig:
+  """`cfg` with its images at `image_size` pixels in patches of `patch_size`
+  (0: the model's own); the position table grows or shrinks with the patch
+  count. One-line ValueError for a text model given either."""
+  if not (image_size or patch_size):
+    return cfg
+  if not cfg.vision:
+    raise ValueError(f"image_size={image_size}, patch_size={patch_size}: "
+                     f"{cfg.name} has no vision tower; these set a vision-"
+                     "language model's images")
+  return dataclasses.replace(cfg, image_size=image_size or cfg.image_size,
+                             patch_size=patch_size or cfg.patch_size)

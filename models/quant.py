@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from models.offload import on_device
 from models.rules import AxisRules, reshard
 
-QUANTS = ("none", "nf4", "int8")
 BLOCK = 64  # weights per nf4 absmax (bitsandbytes' blocksize for 4-bit)
 ABSMAX_GROUP = 256  # absmaxes per f32 scale (double quantization)
 # The 16 NormalFloat levels (bitsandbytes.functional, get_4bit_type("nf4")).

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import jax
-
 # decoder_layer_input: a layer's input (models.transformer.Block), which
 # the layer scan saves for every layer anyway; naming it lets a policy
 # offload that stack to host memory (MaxText's `decoder_layer_input:
@@ -75,14 +73,26 @@ def canonical(spec: str) -> str:
   return MAXTEXT_POLICIES.get(spec, spec)
 
 
+def check(spec: str) -> str:
+  """The spec in this module's terms (`canonical`), or a ValueError naming
+  what is wrong with it; needs no jax (a cached sweep validates its flags
+  without importing it)."""
+  spec = canonical(spec)
+  if spec not in ("none", "full", "dots") and _split(spec) == (None, None):
+    raise ValueError(f"unknown remat {spec!r}; valid: {', '.join(POLICIES)} "
+                     f"or MaxText's {', '.join(MAXTEXT_POLICIES)}")
+  return spec
+
+
 def policy(spec: str) -> Callable | None:
   """none: save everything (no remat); full: save only block inputs;
   dots: save matmul outputs; names:a,b save those; offload:a,b put those in
   pinned host memory and recompute the rest; names:a+offload:b both (what
   MaxText's `custom` policy builds); MaxText's names as mapped in
   MAXTEXT_POLICIES."""
+  spec = check(spec)
+  import jax  # pylint: disable=g-import-not-at-top  (`check` needs none)
   cp = jax.checkpoint_policies
-  spec = canonical(spec)
   if spec == "none":
     return None
   if spec == "full":
@@ -90,12 +100,9 @@ def policy(spec: str) -> Callable | None:
   if spec == "dots":
     return cp.dots_with_no_batch_dims_saveable
   saved, offloaded = _split(spec)
-  if offloaded is None and saved is not None:
+  if offloaded is None:
     return cp.save_only_these_names(*saved)
-  if offloaded is not None:
-    return cp.save_and_offload_only_these_names(
-        names_which_can_be_saved=saved or [],
-        names_which_can_be_offloaded=offloaded,
-        offload_src="device", offload_dst="pinned_host")
-  raise ValueError(f"unknown remat {spec!r}; valid: {', '.join(POLICIES)} or "
-                   f"MaxText's {', '.join(MAXTEXT_POLICIES)}")
+  return cp.save_and_offload_only_these_names(
+      names_which_can_be_saved=saved or [],
+      names_which_can_be_offloaded=offloaded,
+      offload_src="device", offload_dst="pinned_host")

@@ -27,8 +27,6 @@ image tokens as its prefix; the loss is over the text positions only.
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -81,21 +79,6 @@ def tower_config(cfg: ModelConfig) -> ModelConfig:
       n_heads=cfg.vision_heads, n_kv_heads=cfg.vision_heads,
       head_dim=cfg.vision_d_model // cfg.vision_heads, norm="layer",
       positions="none", mlp="gelu", bias=True, embeddings=False)
-
-
-def at_resolution(cfg: ModelConfig, image_size: int, patch_size: int
-                  ) -> ModelConfig:
-  """`cfg` with its images at `image_size` pixels in patches of `patch_size`
-  (0: the model's own); the position table grows or shrinks with the patch
-  count. One-line ValueError for a text model given either."""
-  if not (image_size or patch_size):
-    return cfg
-  if not cfg.vision:
-    raise ValueError(f"image_size={image_size}, patch_size={patch_size}: "
-                     f"{cfg.name} has no vision tower; these set a vision-"
-                     "language model's images")
-  return dataclasses.replace(cfg, image_size=image_size or cfg.image_size,
-                             patch_size=patch_size or cfg.patch_size)
 
 
 class VisionBlock(nn.Module):

@@ -13,7 +13,8 @@ from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from models.params import abstract_params, module_class
 from simulator.settings import TrainSettings
-from simulator.step import (build_step, check_pipeline, device_bytes,
+from simulator.model_checks import check_pipeline
+from simulator.step import (build_step, device_bytes,
                             device_shape,
                             kv_heads_replicated,
                             lay_out_params, make_model, pad_vocab,

@@ -11,8 +11,10 @@ timing fit. A PlanError (raised while building the step: a dimension that Y or
 X does not divide) cannot depend on remat, so it is cached per
 (mesh, shard, optimizer) and the other remat policies fail without retracing.
 
-Estimates come through `_Estimator`, the one adapter onto simulator.memory and
-simulator.timing.roofline.
+Estimates come through simulator.group_estimate, the one adapter onto
+simulator.memory and simulator.timing.roofline, imported (with the tracer and
+jax) only when a config is not in the cache: a sweep read from its cache
+imports neither.
 """
 
 from __future__ import annotations
@@ -26,26 +28,19 @@ import time
 from typing import Any, Iterable, Iterator
 
 from meshes.hardware import GiB
-from meshes.layout import (MeshPlan, abstract_mesh, mesh_name, mesh_shapes,
-                           plan_mesh)
+from meshes.layout import MeshPlan, mesh_name, mesh_shapes, plan_mesh
 from meshes.topology import Topology, parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
 from simulator.cache import Cache
 from simulator.memory.capacity import (HBM_FRACTION, capacity_bytes,
                                        check_hbm_fraction)
+from simulator.model_checks import (PlanError, check_model_settings,
+                                     check_pipeline, check_seq, with_images)
 from simulator.settings import TrainSettings, settings_from
-from simulator import memory
-from simulator.tracing import mesh_class
-from simulator.timing import roofline
-from simulator.step import (PlanError, check_model_settings, check_pipeline,
-                            check_seq, with_images)
-from simulator.tracing.trace import trace_probe
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer", "P", "D")
 _OUTER = ("P", "D")  # fields a record from before them lacks: 1
-# Per-record memory: what is live at the peak, and the planning overhead.
-CATEGORIES = (*memory.PEAK_CATEGORIES, "overhead")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,61 +182,6 @@ class SweepSpec:
 
 
 # --------------------------------------------------------------------------
-# The adapter onto the memory and step-time estimators.
-# --------------------------------------------------------------------------
-
-
-class _Estimator:
-  """One (mesh, remat, shard, optimizer) group, evaluated at any batch.
-
-  Memory rescales the traced estimate (MemoryEstimate.at_batch); timing reads
-  every term as fixed or linear in tokens off the same probe-batch trace.
-  `resize`: the step was traced on another mesh of `plan`'s structural class
-  (simulator.tracing.mesh_class); the estimators read it at `plan`'s sizes.
-  """
-
-  def __init__(self, cfg, traced, plan, settings,
-               resize: mesh_class.Resize | None = None):
-    self.resize = resize
-    with mesh_class.resized(resize):
-      self.mesh_model = roofline.fit_mesh(cfg, settings, plan, traced=traced)
-      self.base_memory = memory.estimate_memory(traced, plan)
-    self.hardware = roofline.Hardware.for_plan(plan)
-    self.seq = settings.seq
-    self.batch_step = plan.data * settings.batch_splits  # whole micro-batches
-    self._largest: dict[float, int] = {}
-
-  def largest_batch(self, fraction: float) -> int:
-    """The largest global batch, a multiple of `batch_step`, whose peak
-    stays within `fraction` of the capacity (0: not even one step): exact
-    from the batch-affine memory (simulator.memory.largest_batch), once per
-    group."""
-    if fraction not in self._largest:
-      with mesh_class.resized(self.resize):
-        self._largest[fraction] = memory.largest_batch(
-            self.base_memory, int(fraction * self.base_memory.hbm_bytes),
-            self.batch_step)
-    return self._largest[fraction]
-
-  def at(self, batch: int) -> dict[str, Any]:
-    with mesh_class.resized(self.resize):  # what is live at the peak
-      est = self.base_memory.at_batch(batch)
-    live = {**est.at_peak, "overhead": est.per_device_bytes["overhead"]}
-    tokens = batch * self.seq
-    step = roofline.step_estimate(self.mesh_model, tokens, self.hardware)
-    thr = step.threshold_tokens_global
-    return dict(memory={c: int(live.get(c, 0)) for c in CATEGORIES},
-                peak_bytes=int(est.per_device_bytes["peak"]),
-                peak_where=est.peak_where, t_math_s=step.t_math,
-                t_comm_s=step.t_comm, exposed_comm_s=step.exposed_comm,
-                step_time_s=step.step_time, t_hbm_s=step.t_hbm,
-                t_matmul_hbm_s=step.t_matmul_hbm, t_host_s=step.t_host,
-                exposed_host_s=step.exposed_host, mfu=step.mfu, roofline_mfu=step.roofline_mfu,
-                threshold_tokens_global=thr,
-                compute_bound=bool(math.isfinite(thr) and tokens >= thr))
-
-
-# --------------------------------------------------------------------------
 # The sweep.
 # --------------------------------------------------------------------------
 
@@ -311,11 +251,16 @@ class Sweep:
     return self._estimators[c.trace_key]
 
   def _estimate(self, c: Config, plan: MeshPlan,
-                settings: TrainSettings) -> _Estimator:
+                settings: TrainSettings):
     """Read off a trace of a mesh of the same structural class
     (simulator.tracing.mesh_class) when the mesh is provably in its class; else
     traced, and kept for the class too (a trace whose shard_map dims are
     ambiguous cannot be read at some meshes that another can)."""
+    # pylint: disable=g-import-not-at-top  (the estimators and jax: module doc)
+    from meshes.layout import abstract_mesh
+    from simulator.group_estimate import GroupEstimate
+    from simulator.tracing import mesh_class
+    from simulator.tracing.trace import trace_probe
     group = (c.remat, c.shard, c.optimizer,
              mesh_class.class_key(self.cfg, settings, plan)
              if self.share_traces else (c.X, c.Y, c.P, c.D))
@@ -323,7 +268,7 @@ class Sweep:
       try:
         with self._timed("estimate"):
           resize = mesh_class.resize_for(traced, traced_plan, plan)
-          estimator = _Estimator(self.cfg, traced, plan, settings, resize)
+          estimator = GroupEstimate(self.cfg, traced, plan, settings, resize)
       except mesh_class.NotInClass:
         continue
       self.read_off += 1
@@ -333,7 +278,7 @@ class Sweep:
     self.traces += 1
     self._classes.setdefault(group, []).append((traced, plan))
     with self._timed("estimate"):
-      return _Estimator(self.cfg, traced, plan, settings)
+      return GroupEstimate(self.cfg, traced, plan, settings)
 
   @contextlib.contextmanager
   def _timed(self, what: str):

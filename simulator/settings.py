@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from models.quant import QUANTS
-
 REMAT_HELP = "none, full, dots, names:<list>, offload:<list>"
 ATTENTIONS = ("materialized", "flash")
 OPTIMIZERS = ("adamw", "adamw_bf16_mu", "adamw_8bit", "adafactor", "sgd",
@@ -14,7 +12,8 @@ OPTIMIZERS = ("adamw", "adamw_bf16_mu", "adamw_8bit", "adafactor", "sgd",
 PRECISIONS = ("mixed", "bf16_master", "bf16")
 SHARDS = ("dp", "zero1", "zero2", "zero3")
 LORA_TARGETS = ("q", "k", "v", "o", "wi", "wi_gate", "wo")
-BASE_QUANTS = QUANTS  # how the frozen base may be stored (models.quant)
+# How the frozen base may be stored: as trained, or models.quant's NF4 or int8.
+BASE_QUANTS = ("none", "nf4", "int8")
 OFFLOADS = ("optimizer", "params")  # state kept in pinned host memory
 MOE_DISPATCHES = ("capacity",)  # models.moe
 EXPERT_AXES = ("none", "x")  # experts unsplit, or split over X (all-to-all)
@@ -131,8 +130,8 @@ class TrainSettings:
     if bad:
       raise ValueError(f"offload={','.join(self.offload)!r}: {bad[0]!r}; "
                        f"valid: {', '.join(OFFLOADS)}")
-    from models.remat import policy  # validates the remat spec
-    policy(self.remat)
+    from models.remat import check  # validates the remat spec
+    check(self.remat)
 
   @property
   def batch_splits(self) -> int:

@@ -160,6 +160,34 @@ def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
   assert not list(tmp_path.iterdir())  # no run folder: nothing started
 
 
+def test_a_sweep_read_from_its_cache_imports_no_jax(tmp_path):
+  """A repeated sweep answers from its cache without importing jax, flax,
+  optax or the estimators (meshes.quiet.quiet_jax_import, simulator.search),
+  and writes the same results as the sweep that traced."""
+  args = ["--model=tiny", "--topology=v5p-8", "--batches=4,8",
+          "--remats=full", "--seq=32", "--top_k=0", "--noprogress",
+          f"--cache_dir={tmp_path / 'cache'}", f"--logdir={tmp_path / 'runs'}"]
+  assert _cli(*args, "--run_name=first").returncode == 0
+  probe = "\n".join([
+      "import runpy, sys",
+      f"sys.argv = ['mesh_sweep', *{args!r}, '--run_name=second']",
+      "try:",
+      "  runpy.run_module('experiments.mesh_sweep', run_name='__main__')",
+      "except SystemExit as e:",
+      "  assert not e.code, e.code",
+      "print(sorted(m for m in ('jax', 'flax', 'optax', "
+      "'simulator.memory.estimate', 'simulator.group_estimate') "
+      "if m in sys.modules), file=sys.stderr)"])
+  p = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                     capture_output=True, text=True, timeout=60)
+  assert p.returncode == 0, p.stderr
+  assert p.stderr.strip().splitlines()[-1] == "[]"
+  first, second = (_lines(str(tmp_path / "runs" / n))
+                   for n in ("first", "second"))
+  assert sorted(map(json.dumps, first)) == sorted(map(json.dumps, second))
+
+
 def test_remat_list_keeps_names_commas():
   assert mesh_sweep.join_remats(["full", "names:qkv", "mlp_in", "dots"]) == (
       "full", "names:qkv,mlp_in", "dots")

@@ -18,7 +18,8 @@ from meshes.topology import parse_topology
 from models.hf_config import from_hf_config
 from models.params import abstract_params, module_class, num_params
 from models.presets import PRESETS
-from models.vision import at_resolution, image_tokens
+from models.config import at_resolution
+from models.vision import image_tokens
 from simulator import memory
 from simulator.inventory import describe_params
 from simulator.tracing.program import read_traced

@@ -8,16 +8,22 @@ from a heap simulation of the traced program.
   tiling     TPU tiled layouts of arguments
 """
 
-from simulator.memory.estimate import (CATEGORIES, OVERHEAD_FRACTION,
-                                       PEAK_CATEGORIES, SCHEMA_VERSION,
-                                       Contributor, MemoryEstimate,
-                                       estimate_memory, largest_batch,
-                                       largest_batch_any_schedule,
-                                       memory_report, to_json)
-from simulator.memory.tiling import tpu_tiled_bytes
+import importlib
 
-__all__ = ["CATEGORIES", "OVERHEAD_FRACTION", "PEAK_CATEGORIES",
-           "SCHEMA_VERSION", "Contributor", "MemoryEstimate",
-           "estimate_memory", "largest_batch", "largest_batch_any_schedule",
-           "memory_report", "to_json",
-           "tpu_tiled_bytes"]
+# What the package exports, and the module each comes from: imported on first
+# use (PEP 562), so importing `simulator.memory.capacity` (what a sweep
+# read from its cache needs) does not import the estimator and jax.
+_EXPORTS = {
+    **{name: "simulator.memory.estimate" for name in (
+        "CATEGORIES", "OVERHEAD_FRACTION", "PEAK_CATEGORIES", "SCHEMA_VERSION",
+        "Contributor", "MemoryEstimate", "estimate_memory", "largest_batch",
+        "largest_batch_any_schedule", "memory_report", "to_json")},
+    "tpu_tiled_bytes": "simulator.memory.tiling",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -34,7 +34,6 @@ import re
 
 from meshes.hardware import GiB
 from meshes.layout import MeshPlan
-from simulator.memory import xla_rules
 
 MiB = 2**20
 FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
@@ -170,6 +169,7 @@ def remat_limit_bytes(plan: MeshPlan) -> int | None:
   dumped flagfile); None on a GPU (XLA:GPU has other limits)."""
   if plan.topology.chip.kind == "gpu":
     return None
+  from simulator.memory import xla_rules  # pylint: disable=g-import-not-at-top  (the estimate's, not a sweep's cached path)
   return plan.topology.chip.hbm_bytes * xla_rules.REMAT_PERCENT // 100
 
 

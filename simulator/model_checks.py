@@ -1,0 +1,77 @@
+"""The settings a model or a mesh cannot take, found before any tracing:
+one-line ValueErrors naming the bad value and what would be valid. Plain
+Python on the model's config and the run settings, so a sweep read from its
+cache checks its flags without importing jax (simulator.search)."""
+
+from __future__ import annotations
+
+from models.config import ModelConfig, at_resolution
+from simulator.settings import TrainSettings
+
+
+class PlanError(ValueError):
+  """The step cannot be laid out on this mesh (a mesh axis does not divide a
+  dimension it shards). Raised while building the step, so it depends on the
+  mesh, shard mode and optimizer, never on the remat policy."""
+
+
+def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
+  """One-line ValueErrors for pipeline settings this model cannot run:
+  stages over a decoder-only dense model's layers only."""
+  pp = settings.pp
+  if pp == 1:
+    return
+  kind = ("an encoder-decoder" if cfg.encoder_decoder else
+          "a vision-language model" if cfg.vision else
+          "a mixture of experts" if cfg.moe else None)
+  if kind:
+    raise ValueError(f"pp={pp}: {cfg.name} is {kind}; pipeline stages are "
+                     "built for decoder-only dense models (e.g. llama2_7b)")
+  if cfg.n_layers % pp:
+    divisors = [d for d in range(1, cfg.n_layers + 1) if cfg.n_layers % d == 0]
+    raise ValueError(f"pp={pp} does not divide {cfg.name}'s {cfg.n_layers} "
+                     f"layers; valid: {', '.join(map(str, divisors))}")
+
+
+def with_images(cfg: ModelConfig, settings: TrainSettings) -> ModelConfig:
+  """`cfg` at the settings' image and patch size (models.vision); a text
+  model given image settings is a one-line ValueError."""
+  if not cfg.vision and (settings.images_per_sample or settings.train_vision
+                         or settings.vision_sharding != "sharded"):
+    raise ValueError(f"images_per_sample={settings.images_per_sample}, "
+                     f"train_vision={settings.train_vision}, vision_sharding="
+                     f"{settings.vision_sharding}: {cfg.name} has no vision "
+                     "tower; images go with a vision-language model (e.g. "
+                     "llava_1_5_7b)")
+  return at_resolution(cfg, settings.image_size, settings.patch_size)
+
+
+def check_seq(cfg: ModelConfig, settings: TrainSettings) -> None:
+  """A one-line ValueError where the sequence is longer than the model's
+  learned positions (no mesh makes it fit)."""
+  if cfg.positions == "learned" and settings.seq > cfg.max_len:
+    raise ValueError(f"seq={settings.seq} exceeds {cfg.name}'s "
+                     f"{cfg.max_len} learned positions; choose seq <= "
+                     f"{cfg.max_len}")
+
+
+def check_model_settings(cfg: ModelConfig, settings: TrainSettings) -> None:
+  """One-line ValueErrors for settings of a kind of model `cfg` is not: a
+  decoder length without an encoder, expert settings without experts,
+  adapters on a mixture of experts' MLP."""
+  if settings.target_seq and not cfg.encoder_decoder:
+    raise ValueError(f"target_seq={settings.target_seq}: {cfg.name} has no "
+                     "encoder; target_seq is an encoder-decoder's decoder "
+                     "length")
+  if not cfg.moe and (settings.capacity_factor != 1.0
+                      or settings.expert_axis != "none"):
+    raise ValueError(f"capacity_factor={settings.capacity_factor}, "
+                     f"expert_axis={settings.expert_axis}: {cfg.name} has no "
+                     "mixture of experts; these set a routed model's experts "
+                     "(e.g. mixtral_8x7b)")
+  mlp_targets = sorted(set(settings.lora_targets) & {"wi", "wi_gate", "wo"})
+  if cfg.moe and settings.lora_rank and mlp_targets:
+    raise ValueError(f"lora_targets={','.join(settings.lora_targets)}: "
+                     f"{mlp_targets[0]!r} is in {cfg.name}'s mixture of "
+                     "experts, where adapters are not built; valid: q, k, v, "
+                     "o")

@@ -1,0 +1,58 @@
+"""simulator.model_checks: the settings a model cannot take, one-line
+ValueErrors before any tracing, with no jax imported."""
+
+import subprocess
+import sys
+
+import pytest
+
+from models.registry import load_model
+from simulator.model_checks import (check_model_settings, check_pipeline,
+                                    check_seq, with_images)
+from simulator.settings import TrainSettings
+
+
+def _settings(**kw) -> TrainSettings:
+  return TrainSettings(**{"batch": 8, "seq": 32, **kw})
+
+
+@pytest.mark.parametrize("model,kw,needle", [
+    ("tiny", {"target_seq": 16}, "has no encoder"),
+    ("tiny", {"capacity_factor": 1.25}, "has no mixture of experts"),
+    ("tiny_moe", {"lora_rank": 4, "lora_targets": ("q", "wi")},
+     "'wi' is in tiny_moe's mixture of experts"),
+])
+def test_settings_of_another_kind_of_model(model, kw, needle):
+  with pytest.raises(ValueError, match=needle):
+    check_model_settings(load_model(model), _settings(**kw))
+
+
+def test_pipeline_stages_divide_the_layers_of_a_dense_decoder():
+  check_pipeline(load_model("tiny"), _settings(pp=2))
+  with pytest.raises(ValueError, match="valid: 1, 2"):
+    check_pipeline(load_model("tiny"), _settings(pp=4))
+  with pytest.raises(ValueError, match="is a mixture of experts"):
+    check_pipeline(load_model("tiny_moe"), _settings(pp=2))
+
+
+def test_seq_within_learned_positions():
+  check_seq(load_model("gpt2"), _settings(seq=1024))
+  with pytest.raises(ValueError, match="1024 learned positions"):
+    check_seq(load_model("gpt2"), _settings(seq=2048))
+
+
+def test_images_only_for_a_vision_language_model():
+  vlm = load_model("tiny_vlm")
+  assert with_images(vlm, _settings()) is vlm
+  assert with_images(vlm, _settings(image_size=2 * vlm.image_size)
+                     ).image_size == 2 * vlm.image_size
+  with pytest.raises(ValueError, match="has no vision tower"):
+    with_images(load_model("tiny"), _settings(images_per_sample=2))
+
+
+def test_importing_the_checks_imports_no_jax():
+  probe = ("import sys, simulator.model_checks, simulator.search; "
+           "print('jax' in sys.modules)")
+  out = subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                       text=True, timeout=60, check=True).stdout
+  assert out.strip() == "False"
