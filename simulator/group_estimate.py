@@ -1,7 +1,6 @@
-"""One (mesh, remat, shard, optimizer) group of a sweep at any batch: the
-adapter onto simulator.memory and simulator.timing.roofline. Its own module
-because it imports the estimators (and jax): simulator.search imports it
-only when a config is not in the cache."""
+"""The sweep's adapter onto simulator.memory and simulator.timing.roofline,
+in a module of its own because it imports the estimators (and jax):
+simulator.search imports it only when a config is not in the cache."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ import time
 from typing import Any, Iterable, Iterator
 
 from meshes.hardware import GiB
-from meshes.layout import MeshPlan, mesh_name, mesh_shapes, plan_mesh
+from meshes.layout import (MeshPlan, abstract_mesh, mesh_name, mesh_shapes,
+                           plan_mesh)
 from meshes.topology import Topology, parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
@@ -257,7 +258,6 @@ class Sweep:
     traced, and kept for the class too (a trace whose shard_map dims are
     ambiguous cannot be read at some meshes that another can)."""
     # pylint: disable=g-import-not-at-top  (the estimators and jax: module doc)
-    from meshes.layout import abstract_mesh
     from simulator.group_estimate import GroupEstimate
     from simulator.tracing import mesh_class
     from simulator.tracing.trace import trace_probe

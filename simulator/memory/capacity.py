@@ -169,7 +169,9 @@ def remat_limit_bytes(plan: MeshPlan) -> int | None:
   dumped flagfile); None on a GPU (XLA:GPU has other limits)."""
   if plan.topology.chip.kind == "gpu":
     return None
-  from simulator.memory import xla_rules  # pylint: disable=g-import-not-at-top  (the estimate's, not a sweep's cached path)
+  # The estimate's rule module, imported here: a sweep read from its cache
+  # imports this module but not the estimators (simulator.search).
+  from simulator.memory import xla_rules  # pylint: disable=g-import-not-at-top
   return plan.topology.chip.hbm_bytes * xla_rules.REMAT_PERCENT // 100
 
 
