@@ -5,8 +5,9 @@
 
 Sweeps every factorization of the slice x 8 batch sizes x 4 remat policies and
 prints the wall time, the number of traces, and the per-config evaluation time,
-in-process without a cache and with a warm one (simulator.cache); then the
-same sweep as a user runs it (`python -m experiments.mesh_sweep --top_k=0`, the
+in-process without a cache (in this process alone, then one process per
+core, this one and helpers: simulator.sweep_workers) and with a warm one
+(simulator.cache); then the same sweep as a user runs it (`python -m experiments.mesh_sweep --top_k=0`, the
 whole process), from an empty cache and again warm; each against issue 15's
 targets (met or not met). `--records=FILE` keeps the in-process records
 (one JSON line each, its evaluation time left out): two checkouts' files are
@@ -56,8 +57,8 @@ def define_flags() -> None:
                       "checkouts")
 
 
-def bench(spec, cache_dir: str | None = None, share_traces: bool = True
-          ) -> dict:
+def bench(spec, cache_dir: str | None = None, share_traces: bool = True,
+          workers: int = 1) -> dict:
   from simulator import search
   from simulator.cache import Cache
   # The estimators (and jax) load when a sweep first evaluates a config
@@ -66,7 +67,8 @@ def bench(spec, cache_dir: str | None = None, share_traces: bool = True
   import simulator.group_estimate  # noqa: F401  pylint: disable=unused-import
   import simulator.tracing.trace  # noqa: F401  pylint: disable=unused-import
   start = time.perf_counter()
-  sweep = search.Sweep(spec, cache=Cache(cache_dir), share_traces=share_traces)
+  sweep = search.Sweep(spec, cache=Cache(cache_dir), share_traces=share_traces,
+                       workers=workers)
   configs = spec.configs(sweep.topo)
   records = list(sweep.evaluate(configs))
   total = time.perf_counter() - start
@@ -84,10 +86,15 @@ def bench(spec, cache_dir: str | None = None, share_traces: bool = True
               len(records) // 2]}
 
 
+def _line(record: dict) -> str:
+  return json.dumps(record, sort_keys=True)
+
+
 def main(argv) -> None:
   del argv
   from experiments.mesh_sweep import join_remats
   from simulator.search import SweepSpec
+  from simulator.sweep_workers import available_cores
   spec = SweepSpec(model=FLAGS.model, topology=FLAGS.topology,
                    batches=tuple(int(b) for b in FLAGS.batches),
                    remats=join_remats(FLAGS.remats), seq=FLAGS.seq)
@@ -105,10 +112,17 @@ def main(argv) -> None:
         f"{r['total_s'] - r['trace_s'] - r['estimate_s']:.2f} s", flush=True)
   _target("in-process, no cache", r["per_config_ms"], TARGETS["per_config_ms"],
           "ms per config")
+  cores = available_cores()
+  if cores > 1:
+    par = bench(spec, workers=cores)
+    same = sorted(map(_line, par["records"])) == sorted(map(_line, r["records"]))
+    print(f"in-process, {cores} processes (--trace_workers={cores}; helpers "
+          f"started inside the clock): {par['total_s']:.2f} s total; "
+          f"{par['per_config_ms']:.1f} ms per config; the same records: "
+          f"{'yes' if same else 'NO'}", flush=True)
   if FLAGS.records:
     with open(FLAGS.records, "w") as f:
-      f.writelines(json.dumps(rec, sort_keys=True) + "\n"
-                   for rec in r["records"])
+      f.writelines(_line(rec) + "\n" for rec in r["records"])
   if FLAGS.check_classes:
     every = bench(spec, share_traces=False)
     print(f"every mesh traced: {every['traces']} traces, "

@@ -84,6 +84,10 @@ def define_flags() -> None:
                       "evaluated configs and compile confirmations (a repeated "
                       "sweep or confirmation returns from it); '' disables")
   cli.define_worker_flags()
+  flags.DEFINE_integer("trace_workers", 0, "processes evaluating the configs "
+                       "not in the cache, this one and helpers, each taking "
+                       "whole (remat, shard, optimizer) groups; 0: one per "
+                       "core; 1: this process alone")
 
 
 def join_remats(items: list[str]) -> tuple[str, ...]:
@@ -204,21 +208,26 @@ class SweepRun:
 def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = False,
               top_k: int = 3, progress: bool = True, out=sys.stdout,
               cache_dir: str | None = None, workers: int = 1,
-              ray_address: str | None = None) -> SweepRun:
+              ray_address: str | None = None,
+              trace_workers: int = 1) -> SweepRun:
   """The whole study. Validates before any work; one process per run.
   cache_dir: the persistent cache (simulator.cache; None or "": none);
-  workers, ray_address: where confirmations compile (simulator.workers)."""
+  workers, ray_address: where confirmations compile (simulator.workers);
+  trace_workers: processes evaluating (simulator.sweep_workers; 0: one per
+  core)."""
   if top_k < 0:
     raise ValueError(f"--top_k={top_k} must be >= 0")
   if workers < 1:
     raise ValueError(f"--workers={workers} must be >= 1")
+  from simulator.sweep_workers import check_trace_workers
+  trace_workers = check_trace_workers(trace_workers)
   cfg, topo = spec.validate()
   run_dir = run_dir_for(logdir, run_name or f"{spec.model}-{spec.topology}", resume)
   with run_lock(run_dir):
     check_run_settings(run_dir, spec)
     try:
       return _sweep(spec, cfg, topo, run_dir, logdir, top_k, progress, out,
-                    cache_dir, workers, ray_address)
+                    cache_dir, workers, ray_address, trace_workers)
     except KeyboardInterrupt:
       print(f"\ninterrupted: the results so far are kept in "
             f"{os.path.join(run_dir, 'results.jsonl')}; the same command with "
@@ -295,7 +304,8 @@ def _keep(sweep, record: dict, result: dict, results, bar) -> None:
 
 def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
            progress: bool, out, cache_dir: str | None = None,
-           workers: int = 1, ray_address: str | None = None) -> SweepRun:
+           workers: int = 1, ray_address: str | None = None,
+           trace_workers: int = 1) -> SweepRun:
   from tqdm import tqdm
   from experiments import tensorboard_writer as tbw
   from experiments.results import FILENAME, ResultsFile
@@ -305,7 +315,7 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
 
   results = ResultsFile(os.path.join(run_dir, FILENAME), search.record_key)
   done = results.done()
-  sweep = search.Sweep(spec, cfg, topo, Cache(cache_dir))
+  sweep = search.Sweep(spec, cfg, topo, Cache(cache_dir), workers=trace_workers)
   todo = [c for c in spec.configs(topo) if c.key not in done]
   print(f"{topo.describe()}; {cfg.name}; {len(todo)} "
         f"config{'' if len(todo) == 1 else 's'} to evaluate"
@@ -319,8 +329,12 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
         painters = Painters()
     results.sync()
 
-    wanted = {c.key for c in spec.configs(topo)}
-    records = [r for r in results.load() if search.record_key(r) in wanted]
+    # In the configs' order, however they were evaluated (helpers finish
+    # groups out of order): ties rank the same in every run.
+    order = {c.key: i for i, c in enumerate(spec.configs(topo))}
+    records = sorted((r for r in results.load()
+                      if search.record_key(r) in order),
+                     key=lambda r: order[search.record_key(r)])
     ranked = search.rank(records)
     ranked = _confirm(sweep, ranked, top_k, workers, results, progress, out,
                       ray_address)
@@ -342,7 +356,8 @@ def main(argv) -> None:
   del argv
   spec = spec_from_flags()
   common = dict(cache_dir=FLAGS.cache_dir, workers=FLAGS.workers,
-                ray_address=FLAGS.ray_address)
+                ray_address=FLAGS.ray_address,
+                trace_workers=FLAGS.trace_workers)
   if FLAGS.format == "json":
     import io
     run = run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume,

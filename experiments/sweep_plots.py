@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
-import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -24,6 +22,7 @@ import numpy as np
 from experiments import drawing
 from meshes.hardware import GiB
 from simulator.search import record_mesh
+from simulator.workers import module_process
 
 # What is live at the peak (simulator.memory PEAK_CATEGORIES) and the
 # planning overhead: stacked, they reach the planned peak.
@@ -40,16 +39,12 @@ class Painters:
   process fails to draw is drawn here."""
 
   def __init__(self, count: int = 2):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p))
     self._procs: list[subprocess.Popen] = []
     for _ in range(count):
       try:
-        self._procs.append(subprocess.Popen(
-            [sys.executable, "-m", "experiments.drawing"], env=env, text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL))
+        self._procs.append(module_process(
+            "experiments.drawing", text=True, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
       except OSError:
         break  # fewer processes: the rest is drawn here
 
@@ -74,13 +69,17 @@ class Painters:
     return out
 
   def close(self) -> None:
+    """Ends the processes now: every reply asked for is here, and a
+    process's own exit (matplotlib's teardown) took 0.2 s the sweep waited
+    for."""
     for proc in self._procs:
-      try:
-        proc.stdin.close()
-        proc.wait(timeout=10)
-      except (OSError, subprocess.TimeoutExpired):
-        proc.kill()
-        proc.wait()
+      proc.kill()
+      proc.wait()
+      for pipe in (proc.stdin, proc.stdout):
+        try:
+          pipe.close()
+        except OSError:
+          pass
     self._procs = []
 
 

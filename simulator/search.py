@@ -205,12 +205,14 @@ class Sweep:
 
   def __init__(self, spec: SweepSpec, cfg: ModelConfig | None = None,
                topo: Topology | None = None, cache: Cache | None = None,
-               share_traces: bool = True):
-    """share_traces=False traces every mesh (to check the classes)."""
+               share_traces: bool = True, workers: int = 1):
+    """share_traces=False traces every mesh (to check the classes);
+    workers: processes evaluating (this one and helpers), `evaluate`'s."""
     if cfg is None or topo is None:
       cfg, topo = spec.validate()
     self.spec, self.cfg, self.topo = spec, cfg, topo
     self.share_traces = share_traces
+    self.workers = workers
     self.cache = cache or Cache(None)
     self._estimators: dict[tuple, Any] = {}
     self._build_errors: dict[tuple, str] = {}
@@ -290,14 +292,23 @@ class Sweep:
 
   def evaluate_one(self, c: Config) -> dict[str, Any]:
     """The config's record: from the cache, or evaluated (and kept)."""
-    if not self.cache.directory:  # no cache: no key to hash
-      return self._evaluate(c)
-    key = self.cache_key(c, "record")
-    record = self.cache.get("records", key)
+    record = self.cached(c)
     if record is None:
       record = self._evaluate(c)
-      self.cache.put("records", key, record)
+      self.keep(record)
     return record
+
+  def cached(self, c: Config) -> dict[str, Any] | None:
+    """The config's record if the cache has it."""
+    if not self.cache.directory:  # no cache: no key to hash
+      return None
+    return self.cache.get("records", self.cache_key(c, "record"))
+
+  def keep(self, record: dict[str, Any]) -> None:
+    """Puts an evaluated record into the cache."""
+    if self.cache.directory:
+      c = Config(*record_key(record))
+      self.cache.put("records", self.cache_key(c, "record"), record)
 
   def _evaluate(self, c: Config) -> dict[str, Any]:
     start = time.perf_counter()
@@ -335,8 +346,29 @@ class Sweep:
     return record
 
   def evaluate(self, configs: Iterable[Config]) -> Iterator[dict[str, Any]]:
+    """Each config's record: in order in this process alone; with
+    `workers` > 1, those in the cache first, then the rest as they are made,
+    groups of them by helper processes (simulator.sweep_workers)."""
+    if self.workers <= 1:
+      for c in configs:
+        yield self.evaluate_one(c)
+      return
+    groups: dict[tuple, list[Config]] = {}  # one traced group: one process
     for c in configs:
-      yield self.evaluate_one(c)
+      record = self.cached(c)
+      if record is not None:
+        yield record
+      else:
+        groups.setdefault((c.remat, c.shard, c.optimizer, c.P, c.D),
+                          []).append(c)
+    if len(groups) < 2:
+      for c in (c for group in groups.values() for c in group):
+        yield self.evaluate_one(c)
+      return
+    # pylint: disable=g-import-not-at-top  (multiprocessing: only here)
+    from simulator import sweep_workers
+    yield from sweep_workers.evaluate(self, list(groups.values()),
+                                      min(self.workers, len(groups)) - 1)
 
 
 def refuted(record: dict) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
@@ -27,7 +29,7 @@ class Pool:
     elif workers > 1:
       self._local = cf.ProcessPoolExecutor(
           workers, multiprocessing.get_context("spawn"),
-          initializer=_exit_with_parent, initargs=(os.getpid(),))
+          initializer=exit_with_parent, initargs=(os.getpid(),))
 
   @property
   def where(self) -> str:
@@ -74,7 +76,18 @@ class Pool:
       self._ray.shutdown()
 
 
-def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+def module_process(module: str, *args: str, **popen) -> subprocess.Popen:
+  """`python -m module args` in a fresh interpreter that imports this
+  project wherever the caller runs from (its root on PYTHONPATH; the
+  working directory kept, so relative paths in arguments hold)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (root, os.environ.get("PYTHONPATH")) if p))
+  return subprocess.Popen([sys.executable, "-m", module, *args], env=env,
+                          **popen)
+
+
+def exit_with_parent(parent: int, every_s: float = 1.0) -> None:
   """In a worker: exit once `parent` is gone. A parent killed by a signal
   runs no `close()`, and its spawned workers otherwise lived on, blocked or
   compiling, for as long as one cared to look (seen: 25 min at 24% CPU each)."""

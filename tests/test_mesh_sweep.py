@@ -142,6 +142,7 @@ def _cli(*args):
     (["--remats=sometimes"], "remat"),
     (["--shards=zero9"], "shard"),
     (["--top_k=-1"], "top_k"),
+    (["--trace_workers=-1"], "--trace_workers=-1 must be >= 0"),
     (["--bogus=1"], "bogus"),
     (["--run_name=../../x"], "plain folder name"),
     (["--run_name=/tmp/abs"], "plain folder name"),
