@@ -7,8 +7,9 @@ Sweeps every factorization of the slice x 8 batch sizes x 4 remat policies and
 prints the wall time, the number of traces, and the per-config evaluation time,
 in-process without a cache (in this process alone, then one process per
 core, this one and helpers: simulator.sweep_workers) and with a warm one
-(simulator.cache); then the same sweep as a user runs it (`python -m experiments.mesh_sweep --top_k=0`, the
-whole process), from an empty cache and again warm; each against issue 15's
+(simulator.cache); then the same sweep as a user runs it (`python -m
+experiments.mesh_sweep --top_k=0`, the whole process), from an empty cache and
+again warm; each against issue 15's
 targets (met or not met). `--records=FILE` keeps the in-process records
 (one JSON line each, its evaluation time left out): two checkouts' files are
 the same byte for byte when a change leaves every result as it was.
