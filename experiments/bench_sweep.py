@@ -7,7 +7,8 @@ Sweeps every factorization of the slice x 8 batch sizes x 4 remat policies and
 prints the wall time, the number of traces, and the per-config evaluation time,
 in-process without a cache (in this process alone, then one process per
 core, this one and helpers: simulator.sweep_workers) and with a warm one
-(simulator.cache); then the same sweep as a user runs it (`python -m
+(simulator.cache), and with the records missing but the groups' traces kept
+as data (another --hbm_fraction); then the same sweep as a user runs it (`python -m
 experiments.mesh_sweep --top_k=0`, the whole process), from an empty cache and
 again warm; each against issue 15's
 targets (met or not met). `--records=FILE` keeps the in-process records
@@ -17,6 +18,7 @@ the same byte for byte when a change leaves every result as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -78,6 +80,7 @@ def bench(spec, cache_dir: str | None = None, share_traces: bool = True,
                       for r in records],
           "configs": len(records), "ok": len(ok), "failed": len(records) - len(ok),
           "traces": sweep.traces, "read_off": sweep.read_off,
+          "groups_cached": sweep.groups_cached,
           "trace_s": sweep.seconds["trace"],
           "estimate_s": sweep.seconds["estimate"],
           "total_s": total,
@@ -136,6 +139,14 @@ def main(argv) -> None:
     warm = bench(spec, cache)
     print(f"in-process, warm cache: {warm['total_s']:.2f} s total; "
           f"{warm['per_config_ms']:.2f} ms per config", flush=True)
+    other = bench(dataclasses.replace(spec, hbm_fraction=spec.hbm_fraction / 2),
+                  cache)
+    print(f"in-process, the records not in the cache but the traces as data "
+          f"(another --hbm_fraction): {other['total_s']:.2f} s total; "
+          f"{other['traces']} traces, {other['groups_cached']} groups read; "
+          f"{other['per_config_ms']:.2f} ms per config", flush=True)
+    _target("in-process, traces cached as data", other["per_config_ms"],
+            TARGETS["per_config_ms"], "ms per config")
     command = [sys.executable, "-m", "experiments.mesh_sweep",
                f"--model={spec.model}", f"--topology={spec.topology}",
                f"--seq={spec.seq}", "--top_k=0", "--noprogress",

@@ -1,13 +1,14 @@
 """A persistent cache of results, keyed by everything that determines them.
 
-A sweep's evaluated configs, its compile confirmations and its pictures are
-pure functions of the model config, the run settings, the topology and mesh
+A sweep's evaluated configs, its groups' estimators (the traces read as
+data: simulator.group_estimate), its compile confirmations and its pictures
+are pure functions of the model config, the run settings, the topology and mesh
 (a picture: of the data it draws), the library versions and this project's
 own code (experiments/ too: the pictures are drawn there); the key hashes
 all of them, so a repeated sweep or confirmation returns what was computed
 before, and any change (a new jax, an edited rule) misses. Entries are JSON
-files under `directory/kind/`, written whole (a temporary file renamed into
-place).
+files (estimators: pickles) under `directory/kind/`, written whole (a
+temporary file renamed into place).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import pickle
 import statistics
 import tempfile
 from typing import Any
@@ -67,26 +69,52 @@ class Cache:
                       default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
-  def _path(self, kind: str, key: str) -> str:
-    return os.path.join(self.directory, kind, key[:2], f"{key}.json")
+  def _path(self, kind: str, key: str, suffix: str = ".json") -> str:
+    return os.path.join(self.directory, kind, key[:2], f"{key}{suffix}")
 
   def get(self, kind: str, key: str) -> dict | None:
-    if not self.directory:
-      return None
+    data = self._read(kind, key, ".json")
     try:
-      with open(self._path(kind, key)) as f:
-        return json.load(f)
-    except (OSError, ValueError):  # absent, or torn by a crash: recompute
+      return None if data is None else json.loads(data)
+    except ValueError:  # torn by a crash: recompute
       return None
 
   def put(self, kind: str, key: str, value: dict) -> None:
+    self._write(kind, key, ".json", json.dumps(value).encode())
+
+  def get_object(self, kind: str, key: str) -> Any:
+    """An object `put_object` kept (this project's own, pickled: the key
+    covers this project's code, so the classes are the ones that wrote
+    it), or None."""
+    data = self._read(kind, key, ".pickle")
+    try:
+      return None if data is None else pickle.loads(data)
+    except (EOFError, pickle.UnpicklingError, AttributeError,
+            ImportError):  # torn, or from other code: recompute
+      return None
+
+  def put_object(self, kind: str, key: str, value: Any) -> None:
+    self._write(kind, key, ".pickle",
+                pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+
+  def _read(self, kind: str, key: str, suffix: str) -> bytes | None:
+    if not self.directory:
+      return None
+    try:
+      with open(self._path(kind, key, suffix), "rb") as f:
+        return f.read()
+    except OSError:  # absent
+      return None
+
+  def _write(self, kind: str, key: str, suffix: str, data: bytes) -> None:
+    """Written whole: a temporary file renamed into place."""
     if not self.directory:
       return
-    path = self._path(kind, key)
+    path = self._path(kind, key, suffix)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-      json.dump(value, f)
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
     os.replace(tmp, path)
 
   def history(self, kind: str, field: str, **match: Any) -> list[float]:

@@ -1,6 +1,9 @@
 """The sweep's adapter onto simulator.memory and simulator.timing.roofline,
 in a module of its own because it imports the estimators (and jax):
-simulator.search imports it only when a config is not in the cache."""
+simulator.search imports it only when a config is not in the cache. A
+GroupEstimate is data once built (its traced program dropped when it is
+pickled), so the sweep's cache keeps it: a later sweep of other batches,
+or another --hbm_fraction, reads the group instead of tracing it."""
 
 from __future__ import annotations
 
@@ -8,8 +11,12 @@ import math
 from typing import Any
 
 from simulator import memory
+from simulator.memory.liveness import LiveSetUnknown
 from simulator.timing import roofline
 from simulator.tracing import mesh_class
+
+# Multiples of a group's batch step whose peaks a kept estimate knows.
+_PEAK_GRID = sorted({2**k for k in range(21)} | {3 * 2**k for k in range(20)})
 
 # What is live at the peak, by category, and the planning overhead.
 CATEGORIES = (*memory.PEAK_CATEGORIES, "overhead")
@@ -35,6 +42,15 @@ class GroupEstimate:
     self.batch_step = plan.data * settings.batch_splits  # whole micro-batches
     self._largest: dict[float, int] = {}
 
+  def __getstate__(self) -> dict:
+    """As data (simulator.cache): first what is live at the peaks of
+    batches from one whole step to about a million, two and three times
+    each power of two, is walked, while the traced program is at hand; a
+    batch whose peak is elsewhere makes `at` None."""
+    with mesh_class.resized(self.resize):
+      self.base_memory.walk_peaks(self.batch_step * m for m in _PEAK_GRID)
+    return self.__dict__
+
   def largest_batch(self, fraction: float) -> int:
     """The largest global batch, a multiple of `batch_step`, whose peak
     stays within `fraction` of the capacity (0: not even one step): exact
@@ -47,9 +63,15 @@ class GroupEstimate:
             self.batch_step)
     return self._largest[fraction]
 
-  def at(self, batch: int) -> dict[str, Any]:
-    with mesh_class.resized(self.resize):  # what is live at the peak
-      est = self.base_memory.at_batch(batch)
+  def at(self, batch: int) -> dict[str, Any] | None:
+    """The config's figures at `batch`; None from an estimator read from
+    the cache that does not know what is live at this batch's peak (the
+    sweep traces the group again)."""
+    try:
+      with mesh_class.resized(self.resize):  # what is live at the peak
+        est = self.base_memory.at_batch(batch)
+    except LiveSetUnknown:
+      return None
     live = {**est.at_peak, "overhead": est.per_device_bytes["overhead"]}
     tokens = batch * self.seq
     step = roofline.step_estimate(self.mesh_model, tokens, self.hardware)

@@ -219,6 +219,8 @@ class Sweep:
     # (remat, shard, optimizer, class key) -> [(traced step, its plan)]
     self._classes: dict[tuple, list] = {}
     self.traces = 0  # steps traced
+    self.groups_cached = 0  # group estimators read from the cache
+    self._fresh: dict[str, Any] = {}  # cache key -> a group built here
     self.read_off = 0  # (mesh, remat, ...) groups read off a class's trace
     # Where evaluating went, seconds: "trace" (the traces), "estimate" (the
     # program walks and heap simulations of every group), for benchmarks.
@@ -234,8 +236,12 @@ class Sweep:
     return self.cache.key(kind=kind, **self._key_parts,
                           config=dataclasses.asdict(c))
 
-  def _estimator(self, c: Config):
-    if c.trace_key not in self._estimators:
+  def _estimator(self, c: Config, cached: bool = True):
+    """The config's group estimator (or the ValueError building it gave):
+    read from the cache, where an earlier sweep kept it (the trace as
+    data), unless `cached` is False; else built here, traced or read off
+    its class's trace, and kept by `keep_groups`."""
+    if c.trace_key not in self._estimators or not cached:
       build_key = (c.X, c.Y, c.shard, c.optimizer, c.P, c.D)
       if build_key in self._build_errors:
         self._estimators[c.trace_key] = ValueError(self._build_errors[build_key])
@@ -244,14 +250,53 @@ class Sweep:
         # Any valid batch: trace_probe replaces it with the probe batch.
         settings = self.spec.settings(c.D * c.X * self.spec.whole_micro_batches,
                                       c.remat, c.shard, c.optimizer, c.P)
-        try:
-          with _gc_paused():
-            self._estimators[c.trace_key] = self._estimate(c, plan, settings)
-        except ValueError as e:
-          if isinstance(e, PlanError):
-            self._build_errors[build_key] = str(e)
-          self._estimators[c.trace_key] = e
+        key = self._group_key(c, settings)
+        est = self.cache.get_object("groups", key) if cached and key else None
+        if est is not None:
+          self.groups_cached += 1
+        else:
+          try:
+            with _gc_paused():
+              est = self._estimate(c, plan, settings)
+            if key:
+              self._fresh[key] = est
+          except ValueError as e:
+            if isinstance(e, PlanError):
+              self._build_errors[build_key] = str(e)
+            est = e
+        self._estimators[c.trace_key] = est
     return self._estimators[c.trace_key]
+
+  def _group_key(self, c: Config, settings: TrainSettings) -> str | None:
+    """What a group's estimator is a function of: the model, topology,
+    mesh and settings but the batch (None: no cache)."""
+    if not self.cache.directory:
+      return None
+    return self.cache.key(
+        kind="group", model=self._key_parts["model"], topology=self.topo.name,
+        mesh=(c.X, c.Y, c.P, c.D),
+        settings={k: v for k, v in dataclasses.asdict(settings).items()
+                  if k != "batch"})
+
+  def keep_groups(self) -> None:
+    """Puts the group estimators built here into the cache, with what is
+    live at each peak the sweep asked for (liveness.Points as data)."""
+    for key, est in self._fresh.items():
+      self.cache.put_object("groups", key, est)
+    self._fresh.clear()
+
+  def _values(self, c: Config) -> tuple[Any, dict[str, Any]]:
+    """The config's group estimator and its figures at the config's batch;
+    a group from the cache that never walked this batch's peak is traced
+    again."""
+    est = self._estimator(c)
+    values = None if isinstance(est, Exception) else est.at(c.batch)
+    if values is None and not isinstance(est, Exception):
+      est = self._estimator(c, cached=False)
+      values = None if isinstance(est, Exception) else est.at(c.batch)
+    if isinstance(est, Exception):
+      raise est
+    return est, values
 
   def _estimate(self, c: Config, plan: MeshPlan,
                 settings: TrainSettings):
@@ -292,23 +337,20 @@ class Sweep:
 
   def evaluate_one(self, c: Config) -> dict[str, Any]:
     """The config's record: from the cache, or evaluated (and kept)."""
-    record = self.cached(c)
+    if not self.cache.directory:  # no cache: no key to hash
+      return self._evaluate(c)
+    key = self.cache_key(c, "record")
+    record = self.cache.get("records", key)
     if record is None:
       record = self._evaluate(c)
-      self.keep(record)
+      self.cache.put("records", key, record)
     return record
 
   def cached(self, c: Config) -> dict[str, Any] | None:
     """The config's record if the cache has it."""
-    if not self.cache.directory:  # no cache: no key to hash
+    if not self.cache.directory:
       return None
     return self.cache.get("records", self.cache_key(c, "record"))
-
-  def keep(self, record: dict[str, Any]) -> None:
-    """Puts an evaluated record into the cache."""
-    if self.cache.directory:
-      c = Config(*record_key(record))
-      self.cache.put("records", self.cache_key(c, "record"), record)
 
   def _evaluate(self, c: Config) -> dict[str, Any]:
     start = time.perf_counter()
@@ -326,10 +368,7 @@ class Sweep:
         raise ValueError(f"batch {c.batch} is not divisible by {axes}="
                          f"{shards} x {flag}={m}; each micro-batch is "
                          f"sharded over {axes}")
-      est = self._estimator(c)
-      if isinstance(est, Exception):
-        raise est
-      values = est.at(c.batch)
+      est, values = self._values(c)
     except ValueError as e:
       record.update(status="failed", error=str(e).splitlines()[0], fits=False,
                     eval_s=time.perf_counter() - start)
@@ -352,6 +391,7 @@ class Sweep:
     if self.workers <= 1:
       for c in configs:
         yield self.evaluate_one(c)
+      self.keep_groups()
       return
     groups: dict[tuple, list[Config]] = {}  # one traced group: one process
     for c in configs:
@@ -364,11 +404,12 @@ class Sweep:
     if len(groups) < 2:
       for c in (c for group in groups.values() for c in group):
         yield self.evaluate_one(c)
-      return
-    # pylint: disable=g-import-not-at-top  (multiprocessing: only here)
-    from simulator import sweep_workers
-    yield from sweep_workers.evaluate(self, list(groups.values()),
-                                      min(self.workers, len(groups)) - 1)
+    else:
+      # pylint: disable=g-import-not-at-top  (processes: only here)
+      from simulator import sweep_workers
+      yield from sweep_workers.evaluate(self, list(groups.values()),
+                                        min(self.workers, len(groups)) - 1)
+    self.keep_groups()
 
 
 def refuted(record: dict) -> bool:

@@ -10,7 +10,8 @@ estimators while this process starts, then take groups from the end of the
 list while this process takes them from the front. A helper slow to start costs only its
 own core: this process never waits for a group no helper has taken, and a
 helper that fails hands its group back. Each group is evaluated by the same
-code as here, so the records are the same.
+code as here, so the records are the same; each process keeps what it makes
+in the sweep's cache (whole files renamed into place: simulator.cache).
 """
 
 from __future__ import annotations
@@ -47,33 +48,35 @@ def _serve(commands: Connection, reports: Connection, parent: int) -> None:
   closes or the parent is gone."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles ^C
   exit_with_parent(parent)
-  spec = commands.recv()
+  spec, cache_dir = commands.recv()
   # pylint: disable=g-import-not-at-top  (a helper process: loaded here)
   from simulator import search
+  from simulator.cache import Cache
   import simulator.group_estimate  # noqa: F401  pylint: disable=unused-import
   import simulator.tracing.trace  # noqa: F401  pylint: disable=unused-import
-  sweep = search.Sweep(spec)
+  sweep = search.Sweep(spec, cache=Cache(cache_dir))
   reports.send(None)  # ready
   while True:
     try:
       configs = commands.recv()
     except EOFError:
       return
-    sweep.traces = sweep.read_off = 0
+    sweep.traces = sweep.read_off = sweep.groups_cached = 0
     sweep.seconds.clear()
     try:
       records = [sweep.evaluate_one(c) for c in configs]
+      sweep.keep_groups()
     except Exception:  # noqa: BLE001 - the parent evaluates it instead
       reports.send(("failed",))
       continue
     reports.send(("done", records, sweep.traces, sweep.read_off,
-                  dict(sweep.seconds)))
+                  sweep.groups_cached, dict(sweep.seconds)))
 
 
 class _Helper:
   """One helper process and its two pipes."""
 
-  def __init__(self, spec):
+  def __init__(self, spec, cache_dir: str | None):
     from_parent, to_helper = os.pipe()
     from_helper, to_parent = os.pipe()
     self.proc = module_process(
@@ -84,17 +87,18 @@ class _Helper:
     os.close(to_parent)
     self.commands = Connection(to_helper, readable=False)
     self.reports = Connection(from_helper, writable=False)
-    self.commands.send(spec)
+    self.commands.send((spec, cache_dir))
 
 
 class Helpers:
-  """Up to `n` helper processes for one sweep; `close()` when done."""
+  """Up to `n` helper processes for one sweep, each keeping what it makes
+  in the cache at `cache_dir`; `close()` when done."""
 
-  def __init__(self, spec, n: int):
+  def __init__(self, spec, n: int, cache_dir: str | None = None):
     self._helpers: dict[Connection, _Helper] = {}  # by their reports' pipe
     for _ in range(n):
       try:
-        helper = _Helper(spec)
+        helper = _Helper(spec, cache_dir)
       except OSError:  # no process to be had: fewer helpers
         break
       self._helpers[helper.reports] = helper
@@ -167,19 +171,18 @@ def evaluate(sweep, groups: list[list], helpers: int
              ) -> Iterator[dict[str, Any]]:
   """Every group's records (each group a list of configs not in the
   cache), as each is made: the front groups here, the back ones by
-  `helpers` processes; their records are kept in this sweep's cache."""
+  `helpers` processes, which keep theirs in the sweep's cache."""
   queue = collections.deque(groups)
-  pool = Helpers(sweep.spec, helpers)
+  pool = Helpers(sweep.spec, helpers, sweep.cache.directory)
   returned: list = []
 
   def reports(source) -> Iterator[dict[str, Any]]:
-    for records, traces, read_off, seconds in source:
+    for records, traces, read_off, cached, seconds in source:
       sweep.traces += traces
       sweep.read_off += read_off
+      sweep.groups_cached += cached
       sweep.seconds.update(seconds)
-      for record in records:
-        sweep.keep(record)
-        yield record
+      yield from records
 
   try:
     while queue or returned:

@@ -2,10 +2,12 @@
 programs whose buffers can be counted by hand (no mesh: per-device shapes
 are the shapes; f32 unless said)."""
 
+import pickle
 import random
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 from simulator.tracing.batch_probe import PROBE
@@ -110,6 +112,25 @@ def test_the_live_set_at_a_point_sums_to_it():
   live = points.live(i)
   assert sum(b.bytes[0] for b in live) == peak
   assert all(b.shape and b.where for b in live)
+
+
+def test_points_kept_as_data_know_the_live_sets_walked_before():
+  """Pickled (the sweep's cache), the points drop their program: a live
+  set walked before comes back; another raises LiveSetUnknown."""
+  def f(xs, w):
+    h = jnp.tanh(xs @ w)
+    return jnp.sum(h @ w.T)
+
+  points = liveness.simulate(
+      jax.make_jaxpr(f)(jnp.ones((16, 64)), jnp.ones((64, 64))), 0)
+  _, i = points.peak_at(1, 1)
+  walked = points.live(i)
+  kept = pickle.loads(pickle.dumps(points))
+  assert kept.live(i) == walked and kept.peak_at(1, 1) == points.peak_at(1, 1)
+  other = next(j for j in range(len(points.where)) if j != i)
+  with pytest.raises(liveness.LiveSetUnknown):
+    kept.live(other)
+  assert points.live(other)  # with its program, any point walks
 
 
 def test_hbm_traffic_of_a_fusion_is_what_it_reads_and_writes():

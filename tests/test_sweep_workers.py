@@ -53,7 +53,7 @@ def test_a_helper_makes_the_records_made_here(serial):
   finally:
     pool.close()
   assert not returned and len(reports) == 1
-  made, traces, _, seconds = reports[0]
+  made, traces, _, _, seconds = reports[0]
   assert traces >= 1 and seconds["trace"] > 0
   assert _plain(made) == _plain(r for r in records
                                 if r["remat"] == groups[-1][0].remat)

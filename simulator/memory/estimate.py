@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -169,12 +169,29 @@ class MemoryEstimate:
   def comparable_peak_at(self, batch: int) -> int:
     """`at_batch(batch).compiled_comparable_peak` alone, without naming what
     is live (largest_batch's search asks it many times)."""
+    return self._peak_at(batch)[0]
+
+  def _peak_at(self, batch: int) -> tuple[int, int]:
+    """(compiled-comparable peak, its point's index) at `batch`."""
     arguments = sum(_argument_bytes(t, batch, self.traced_batch)
                     for t in self.tensors)
     orders = _kept_orders(self.points, batch, self.traced_batch, arguments,
                           self.remat_limit_bytes, self.left_out)
-    return arguments + _transient(self.points, batch, self.traced_batch,
-                                  self.one_f_one_b, orders)[0]
+    transient, index = _transient(self.points, batch, self.traced_batch,
+                                  self.one_f_one_b, orders)
+    return arguments + transient, index
+
+  def walk_peaks(self, batches: Iterable[int]) -> None:
+    """Walks what is live at each of `batches`' peaks now, while the traced
+    program is at hand: the estimate kept as data (liveness.Points) then
+    answers every batch whose peak is at one of those points."""
+    for batch in batches:
+      index = self._peak_at(batch)[1]
+      try:
+        if index >= 0:
+          self.points.live(index)
+      except liveness.LiveSetUnknown:  # kept as data already: as it is
+        return
 
   def schedule_peaks(self) -> dict[str, tuple[int, bool]]:
     """{schedule of the weight gradients: (its compiled-comparable peak,

@@ -712,12 +712,30 @@ class Points:
             if v != np.iinfo(np.int64).min}
 
   def live(self, index: int) -> list[LiveBuffer]:
-    """The buffers live at point `index` (walked once, then kept)."""
+    """The buffers live at point `index` (walked once, then kept; points
+    kept as data, without their program, know only those walked before:
+    another raises LiveSetUnknown)."""
     if index not in self._live:
+      if self._sim is None:
+        raise LiveSetUnknown(f"the live set at point {index} was not kept")
       self._live[index] = self._sim.live_at(
           self._jaxpr, self.paths[index], in_place_out=self._in_place,
           order=self.order[index])
     return self._live[index]
+
+  def __getstate__(self) -> dict:
+    """As data (simulator.cache): the points and the live sets walked so
+    far, not the traced program and its simulation."""
+    return {k: v for k, v in self.__dict__.items()
+            if k not in ("_sim", "_jaxpr", "_in_place")}
+
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state, _sim=None, _jaxpr=None, _in_place=())
+
+
+class LiveSetUnknown(LookupError):
+  """Points kept as data were asked what is live at a point nobody walked
+  while the program was at hand: the step must be traced again."""
 
 
 # The schedules of the step's own weight gradients simulated: deferred
