@@ -87,7 +87,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("trace_workers", 0, "processes evaluating the configs "
                        "not in the cache, this one and helpers, each taking "
                        "whole (remat, shard, optimizer) groups; 0: one per "
-                       "core; 1: this process alone")
+                       "core, at most 8; 1: this process alone")
 
 
 def join_remats(items: list[str]) -> tuple[str, ...]:

@@ -35,12 +35,24 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+# The most processes --trace_workers=0 starts: each holds its own jax, flax
+# and traces (a helper's peak resident set after llama2_70b's ten v5p-1024
+# meshes under one remat: 0.2 GB), and a sweep seldom has more groups.
+DEFAULT_MOST = 8
+
+
 def check_trace_workers(n: int) -> int:
-  """--trace_workers: n >= 1 processes in all, or 0 for one per core."""
+  """--trace_workers: n >= 1 processes in all, or 0 for one per core (at
+  most DEFAULT_MOST)."""
   if n < 0:
     raise ValueError(f"--trace_workers={n} must be >= 0 (0: one per core, "
-                     f"{available_cores()} here; 1: this process alone)")
-  return n or available_cores()
+                     f"at most {DEFAULT_MOST}: {default_workers()} here; 1: "
+                     "this process alone)")
+  return n or default_workers()
+
+
+def default_workers() -> int:
+  return min(available_cores(), DEFAULT_MOST)
 
 
 def _serve(commands: Connection, reports: Connection, parent: int) -> None:
@@ -65,7 +77,7 @@ def _serve(commands: Connection, reports: Connection, parent: int) -> None:
     sweep.seconds.clear()
     try:
       records = [sweep.evaluate_one(c) for c in configs]
-      sweep.keep_groups()
+      sweep.keep()
     except Exception:  # noqa: BLE001 - the parent evaluates it instead
       reports.send(("failed",))
       continue

@@ -92,6 +92,7 @@ def test_two_processes_make_the_same_records_and_fill_the_cache(serial,
 
 def test_trace_workers_values():
   assert sweep_workers.check_trace_workers(3) == 3
-  assert sweep_workers.check_trace_workers(0) == sweep_workers.available_cores()
+  assert sweep_workers.check_trace_workers(0) == min(
+      sweep_workers.available_cores(), sweep_workers.DEFAULT_MOST)
   with pytest.raises(ValueError, match=r"--trace_workers=-1 must be >= 0"):
     sweep_workers.check_trace_workers(-1)
