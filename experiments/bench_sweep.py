@@ -8,10 +8,10 @@ prints the wall time, the number of traces, and the per-config evaluation time,
 in-process without a cache (in this process alone, then one process per
 core, this one and helpers: simulator.sweep_workers) and with a warm one
 (simulator.cache), and with the records missing but the groups' traces kept
-as data (another --hbm_fraction); then the same sweep as a user runs it (`python -m
-experiments.mesh_sweep --top_k=0`, the whole process), from an empty cache and
-again warm; each against issue 15's
-targets (met or not met). `--records=FILE` keeps the in-process records
+as data (another --hbm_fraction); then the same sweep as a user runs it
+(`python -m experiments.mesh_sweep --top_k=0`, the whole process), from an
+empty cache and again warm; each against issue 15's targets (met or not
+met). `--records=FILE` keeps the in-process records
 (one JSON line each, its evaluation time left out): two checkouts' files are
 the same byte for byte when a change leaves every result as it was.
 """
@@ -119,7 +119,8 @@ def main(argv) -> None:
   cores = available_cores()
   if cores > 1:
     par = bench(spec, workers=cores)
-    same = sorted(map(_line, par["records"])) == sorted(map(_line, r["records"]))
+    same = (sorted(map(_line, par["records"]))
+            == sorted(map(_line, r["records"])))
     print(f"in-process, {cores} processes (--trace_workers={cores}; helpers "
           f"started inside the clock): {par['total_s']:.2f} s total; "
           f"{par['per_config_ms']:.1f} ms per config; the same records: "

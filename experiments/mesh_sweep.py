@@ -315,7 +315,8 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
 
   results = ResultsFile(os.path.join(run_dir, FILENAME), search.record_key)
   done = results.done()
-  sweep = search.Sweep(spec, cfg, topo, Cache(cache_dir), workers=trace_workers)
+  sweep = search.Sweep(spec, cfg, topo, Cache(cache_dir),
+                       workers=trace_workers)
   todo = [c for c in spec.configs(topo) if c.key not in done]
   print(f"{topo.describe()}; {cfg.name}; {len(todo)} "
         f"config{'' if len(todo) == 1 else 's'} to evaluate"

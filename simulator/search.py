@@ -14,7 +14,10 @@ X does not divide) cannot depend on remat, so it is cached per
 Estimates come through simulator.group_estimate, the one adapter onto
 simulator.memory and simulator.timing.roofline, imported (with the tracer and
 jax) only when a config is not in the cache: a sweep read from its cache
-imports neither.
+imports neither. The cache keeps each group's records (one entry for its
+batches) and its estimator (the trace as data: a sweep of other batches
+reads it instead of tracing); with `workers` > 1 helper processes take
+whole groups of a cold sweep (simulator.sweep_workers).
 """
 
 from __future__ import annotations

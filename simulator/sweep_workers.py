@@ -7,11 +7,12 @@ group's traces, simulator.search) are independent, so helpers take some:
 fresh interpreters (`python -m simulator.sweep_workers`: no jax state
 forked, nothing of the caller's __main__ run again) that import the
 estimators while this process starts, then take groups from the end of the
-list while this process takes them from the front. A helper slow to start costs only its
-own core: this process never waits for a group no helper has taken, and a
-helper that fails hands its group back. Each group is evaluated by the same
-code as here, so the records are the same; each process keeps what it makes
-in the sweep's cache (whole files renamed into place: simulator.cache).
+list while this process takes them from the front. A helper slow to start
+costs only its own core: this process never waits for a group no helper has
+taken, and a helper that fails hands its group back. Each group is
+evaluated by the same code as here, so the records are the same; each
+process keeps what it makes in the sweep's cache (whole files renamed into
+place: simulator.cache), a helper before it reports the group done.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ class Helpers:
       self._ready.discard(conn)
 
   def close(self) -> None:
-    """Ends every helper now: all it made is here (the cache is written
-    here)."""
+    """Ends every helper now: what each made is here, and in the cache
+    before it reported."""
     for helper in self._helpers.values():
       self._end(helper)
     self._helpers.clear()

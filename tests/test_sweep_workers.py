@@ -68,7 +68,8 @@ def test_a_helper_gone_hands_its_group_back():
   try:
     queue, returned = collections.deque([group]), []
     _taken(pool, queue, returned)
-    next(iter(pool._helpers.values())).proc.kill()  # pylint: disable=protected-access
+    helper = next(iter(pool._helpers.values()))  # pylint: disable=protected-access
+    helper.proc.kill()
     assert not list(pool.wait(returned))
   finally:
     pool.close()
