@@ -76,6 +76,19 @@ def test_a_helper_gone_hands_its_group_back():
   assert returned == [group]
 
 
+def test_a_helper_with_nothing_left_to_take_is_ended():
+  """Once this process has taken the last group, a helper holding none
+  (here: still starting) is ended at once, not left to import and wait."""
+  pool = sweep_workers.Helpers(SPEC, 1)
+  try:
+    helper = next(iter(pool._helpers.values()))  # pylint: disable=protected-access
+    pool.release_idle()
+    assert helper.proc.returncode is not None  # ended and reaped
+    assert not pool._helpers  # pylint: disable=protected-access
+  finally:
+    pool.close()
+
+
 def test_two_processes_make_the_same_records_and_fill_the_cache(serial,
                                                                  tmp_path):
   """With workers=2 every config's record is the serial one (whichever
