@@ -15,6 +15,29 @@ class PlanError(ValueError):
   mesh, shard mode and optimizer, never on the remat policy."""
 
 
+def kv_heads_replicated(cfg: ModelConfig, y: int) -> bool:
+  """Whether the kv heads are replicated over Y: when Y does not divide them
+  (an MQA model's one kv head, GQA's 8 under TP 16), each Y shard keeps every
+  kv head and its share of the query heads, as MaxText does."""
+  return cfg.attention and cfg.n_kv_heads % y != 0
+
+
+def check_heads_over_y(cfg: ModelConfig, y: int) -> None:
+  """PlanError where Y divides neither the kv heads nor the query heads per
+  kv head (simulator.step's rules replicate the kv heads otherwise); a
+  sweep checks it before tracing, so a mesh it refuses costs no trace."""
+  if not kv_heads_replicated(cfg, y):
+    return
+  groups = cfg.n_heads // cfg.n_kv_heads
+  if groups % y:
+    choices = (f"{cfg.n_kv_heads}" if groups == cfg.n_kv_heads else
+               f"{cfg.n_kv_heads} (kv heads sharded) or {groups} (kv heads "
+               f"replicated)")
+    raise PlanError(
+        f"Y={y} divides neither the {cfg.n_kv_heads} kv heads nor the "
+        f"{groups} query heads per kv head; choose Y dividing {choices}")
+
+
 def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
   """One-line ValueErrors for pipeline settings this model cannot run:
   stages over a decoder-only dense model's layers only."""

@@ -39,8 +39,9 @@ from models.registry import load_model
 from simulator.cache import Cache
 from simulator.memory.capacity import (HBM_FRACTION, capacity_bytes,
                                        check_hbm_fraction)
-from simulator.model_checks import (PlanError, check_model_settings,
-                                     check_pipeline, check_seq, with_images)
+from simulator.model_checks import (PlanError, check_heads_over_y,
+                                     check_model_settings, check_pipeline,
+                                     check_seq, with_images)
 from simulator.settings import TrainSettings, settings_from
 
 KEY_FIELDS = ("X", "Y", "batch", "remat", "shard", "optimizer", "P", "D")
@@ -264,6 +265,9 @@ class Sweep:
           self.groups_cached += 1
         else:
           try:
+            # A mesh its heads refuse, found without tracing (the step's
+            # build would raise the same PlanError).
+            check_heads_over_y(with_images(self.cfg, settings), c.Y)
             with _gc_paused():
               est = self._estimate(c, plan, settings)
             if key:

@@ -27,8 +27,10 @@ from models.transformer import RESIDUAL
 from models.vision import replicated_tower
 from simulator.tracing import mesh_class
 from simulator.optimizers import PRECISION, make_optimizer
-from simulator.model_checks import (PlanError, check_model_settings,
-                                     check_pipeline, check_seq, with_images)
+from simulator.model_checks import (PlanError, check_heads_over_y,
+                                     check_model_settings, check_pipeline,
+                                     check_seq, kv_heads_replicated,
+                                     with_images)
 from simulator.settings import TrainSettings
 
 Tree = Any
@@ -166,13 +168,6 @@ def pad_vocab(cfg: ModelConfig, rules: AxisRules,
   return dataclasses.replace(cfg, vocab_size=cfg.vocab_size + padding), padding
 
 
-def kv_heads_replicated(cfg: ModelConfig, y: int) -> bool:
-  """Whether the kv heads are replicated over Y: when Y does not divide them
-  (an MQA model's one kv head, GQA's 8 under TP 16), each Y shard keeps every
-  kv head and its share of the query heads, as MaxText does."""
-  return cfg.attention and cfg.n_kv_heads % y != 0
-
-
 def kv_heads_note(cfg: ModelConfig, y: int) -> str:
   """What a report says when `kv_heads_replicated`."""
   return (f"kv heads replicated over Y={y}: Y does not divide the "
@@ -228,14 +223,7 @@ def mesh_rules(cfg: ModelConfig, rules: AxisRules, mesh) -> AxisRules:
   y = mesh.shape["Y"]
   if not kv_heads_replicated(cfg, y):
     return rules
-  groups = cfg.n_heads // cfg.n_kv_heads
-  if groups % y:
-    choices = (f"{cfg.n_kv_heads}" if groups == cfg.n_kv_heads else
-               f"{cfg.n_kv_heads} (kv heads sharded) or {groups} (kv heads "
-               f"replicated)")
-    raise PlanError(
-        f"Y={y} divides neither the {cfg.n_kv_heads} kv heads nor the "
-        f"{groups} query heads per kv head; choose Y dividing {choices}")
+  check_heads_over_y(cfg, y)
   return _replicate_kv_heads(rules)
 
 

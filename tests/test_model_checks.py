@@ -7,8 +7,10 @@ import sys
 import pytest
 
 from models.registry import load_model
-from simulator.model_checks import (check_model_settings, check_pipeline,
-                                    check_seq, with_images)
+from simulator.model_checks import (PlanError, check_heads_over_y,
+                                    check_model_settings, check_pipeline,
+                                    check_seq, kv_heads_replicated,
+                                    with_images)
 from simulator.settings import TrainSettings
 
 
@@ -25,6 +27,23 @@ def _settings(**kw) -> TrainSettings:
 def test_settings_of_another_kind_of_model(model, kw, needle):
   with pytest.raises(ValueError, match=needle):
     check_model_settings(load_model(model), _settings(**kw))
+
+
+def test_y_divides_the_kv_heads_or_the_query_heads_per_kv_head():
+  """llama2_70b's 8 kv heads of 8 query heads each: Y = 8 shards the kv
+  heads, Y = 16 is refused (it divides neither 8 nor 8); gemma-2b's one kv
+  head is replicated over any Y dividing its 8 query heads."""
+  llama = load_model("llama2_70b")
+  check_heads_over_y(llama, 8)
+  assert not kv_heads_replicated(llama, 8)
+  with pytest.raises(PlanError, match="Y=16 divides neither the 8 kv heads"):
+    check_heads_over_y(llama, 16)
+  gemma = load_model("models/configs/gemma-2b.json")
+  check_heads_over_y(gemma, 4)
+  assert kv_heads_replicated(gemma, 4)
+  with pytest.raises(PlanError, match="choose Y dividing 1 .kv heads sharded. "
+                     "or 8 .kv heads replicated."):
+    check_heads_over_y(gemma, 16)
 
 
 def test_pipeline_stages_divide_the_layers_of_a_dense_decoder():
