@@ -112,8 +112,8 @@ class Helpers:
     for _ in range(n):
       try:
         helper = _Helper(spec, cache_dir)
-      except OSError:  # no process to be had: fewer helpers
-        break
+      except (OSError, ValueError):  # no process (or no pass_fds) to be
+        break  # had here: fewer helpers, or none
       self._helpers[helper.reports] = helper
     self._ready: set[Connection] = set()
     self._given: dict[Connection, list] = {}  # a helper -> its group
