@@ -329,6 +329,11 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
       if painters is None and sweep.traces:
         painters = Painters()
     results.sync()
+    if todo:
+      print(f"evaluated: {sweep.records_cached} of {len(todo)} records from "
+            f"the cache; {sweep.groups_cached} groups' traces read from it as"
+            f" data; {sweep.traces} traces, {sweep.read_off} more meshes "
+            "read off their class's trace", file=out)
 
     # In the configs' order, however they were evaluated (helpers finish
     # groups out of order): ties rank the same in every run.

@@ -224,6 +224,7 @@ class Sweep:
     self._classes: dict[tuple, list] = {}
     self.traces = 0  # steps traced
     self.groups_cached = 0  # group estimators read from the cache
+    self.records_cached = 0  # records read from the cache
     self._fresh: dict[str, Any] = {}  # cache key -> a group built here
     # The cache's records by their group's key (`cached`), and the groups
     # with records made here and not yet written.
@@ -372,7 +373,9 @@ class Sweep:
     if key not in self._records:
       entry = self.cache.get("records", key)
       self._records[key] = entry["records"] if entry else {}
-    return self._records[key].get(str(c.batch))
+    record = self._records[key].get(str(c.batch))
+    self.records_cached += record is not None
+    return record
 
   def _records_key(self, c: Config) -> str:
     """Everything a config's record is a function of, but its batch."""

@@ -168,7 +168,9 @@ def test_a_sweep_read_from_its_cache_imports_no_jax(tmp_path):
   args = ["--model=tiny", "--topology=v5p-8", "--batches=4,8",
           "--remats=full", "--seq=32", "--top_k=0", "--noprogress",
           f"--cache_dir={tmp_path / 'cache'}", f"--logdir={tmp_path / 'runs'}"]
-  assert _cli(*args, "--run_name=first").returncode == 0
+  cold = _cli(*args, "--run_name=first")
+  assert cold.returncode == 0
+  assert "evaluated: 0 of 6 records from the cache" in cold.stdout
   probe = "\n".join([
       "import runpy, sys",
       f"sys.argv = ['mesh_sweep', *{args!r}, '--run_name=second']",
@@ -184,6 +186,8 @@ def test_a_sweep_read_from_its_cache_imports_no_jax(tmp_path):
                      capture_output=True, text=True, timeout=60)
   assert p.returncode == 0, p.stderr
   assert p.stderr.strip().splitlines()[-1] == "[]"
+  assert "evaluated: 6 of 6 records from the cache; 0 groups' traces read " \
+      "from it as data; 0 traces" in p.stdout
   first, second = (_lines(str(tmp_path / "runs" / n))
                    for n in ("first", "second"))
   assert sorted(map(json.dumps, first)) == sorted(map(json.dumps, second))
