@@ -81,8 +81,9 @@ def define_flags() -> None:
   flags.DEFINE_bool("resume", False, "continue the latest LOGDIR/RUN* folder")
   flags.DEFINE_bool("progress", True, "progress bars on stderr")
   flags.DEFINE_string("cache_dir", _default_cache(), "persistent cache of "
-                      "evaluated configs and compile confirmations (a repeated "
-                      "sweep or confirmation returns from it); '' disables")
+                      "evaluated configs, the groups' traces as data and "
+                      "compile confirmations (a repeated sweep or "
+                      "confirmation returns from it); '' disables")
   cli.define_worker_flags()
   flags.DEFINE_integer("trace_workers", 0, "processes evaluating the configs "
                        "not in the cache, this one and helpers, each taking "
@@ -214,7 +215,7 @@ def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = Fal
   cache_dir: the persistent cache (simulator.cache; None or "": none);
   workers, ray_address: where confirmations compile (simulator.workers);
   trace_workers: processes evaluating (simulator.sweep_workers; 0: one per
-  core)."""
+  core, at most 8)."""
   if top_k < 0:
     raise ValueError(f"--top_k={top_k} must be >= 0")
   if workers < 1:

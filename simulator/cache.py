@@ -89,8 +89,7 @@ class Cache:
     data = self._read(kind, key, ".pickle")
     try:
       return None if data is None else pickle.loads(data)
-    except (EOFError, pickle.UnpicklingError, AttributeError,
-            ImportError):  # torn, or from other code: recompute
+    except Exception:  # noqa: BLE001 - torn or foreign bytes: recompute
       return None
 
   def put_object(self, kind: str, key: str, value: Any) -> None:
