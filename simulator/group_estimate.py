@@ -82,6 +82,7 @@ class GroupEstimate:
                 t_comm_s=step.t_comm, exposed_comm_s=step.exposed_comm,
                 step_time_s=step.step_time, t_hbm_s=step.t_hbm,
                 t_matmul_hbm_s=step.t_matmul_hbm, t_host_s=step.t_host,
-                exposed_host_s=step.exposed_host, mfu=step.mfu, roofline_mfu=step.roofline_mfu,
+                exposed_host_s=step.exposed_host, mfu=step.mfu,
+                roofline_mfu=step.roofline_mfu,
                 threshold_tokens_global=thr,
                 compute_bound=bool(math.isfinite(thr) and tokens >= thr))

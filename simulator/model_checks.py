@@ -58,8 +58,8 @@ def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
 
 def with_images(cfg: ModelConfig, settings: TrainSettings) -> ModelConfig:
   """`cfg` at the settings' image and patch size (models.config's
-  `at_resolution`); a text
-  model given image settings is a one-line ValueError."""
+  `at_resolution`); a text model given image settings is a one-line
+  ValueError."""
   if not cfg.vision and (settings.images_per_sample or settings.train_vision
                          or settings.vision_sharding != "sharded"):
     raise ValueError(f"images_per_sample={settings.images_per_sample}, "

@@ -242,7 +242,8 @@ class Sweep:
             "batches", "remats", "shards", "optimizers", "meshes")})
 
   def cache_key(self, c: Config, kind: str) -> str:
-    """Everything a config's record (or its compile) is a function of."""
+    """Everything a config's compile is a function of (its record's:
+    `_records_key`)."""
     return self.cache.key(kind=kind, **self._key_parts,
                           config=dataclasses.asdict(c))
 
@@ -303,15 +304,15 @@ class Sweep:
   def _values(self, c: Config) -> tuple[Any, dict[str, Any]]:
     """The config's group estimator and its figures at the config's batch;
     a group from the cache that never walked this batch's peak is traced
-    again."""
-    est = self._estimator(c)
-    values = None if isinstance(est, Exception) else est.at(c.batch)
-    if values is None and not isinstance(est, Exception):
-      est = self._estimator(c, cached=False)
-      values = None if isinstance(est, Exception) else est.at(c.batch)
-    if isinstance(est, Exception):
-      raise est
-    return est, values
+    again (one built here answers every batch)."""
+    for cached in (True, False):
+      est = self._estimator(c, cached)
+      if isinstance(est, Exception):
+        raise est
+      values = est.at(c.batch)
+      if values is not None:
+        return est, values
+    raise AssertionError("a group built here answers every batch")
 
   def _estimate(self, c: Config, plan: MeshPlan,
                 settings: TrainSettings):

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -28,3 +29,28 @@ def refused_by_memory_report():
         capture_output=True, text=True, timeout=120)
     assert (p.returncode, p.stderr.strip()) == (2, message)
   return check
+
+
+@pytest.fixture
+def killed_parent(tmp_path):
+  """Runs `script` (Python text) as a parent that starts child processes,
+  prints their pids and kills itself with SIGTERM (no close, no finally);
+  checks every child has exited within 30 s, and returns their pids."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def run(script: str) -> list[int]:
+    path = tmp_path / "parent.py"
+    path.write_text(script)
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True,
+                          text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root})
+    pids = [int(p) for p in proc.stdout.split()]
+    assert proc.returncode == -15 and pids, proc.stderr[-2000:]
+    alive = lambda: [p for p in pids if os.path.exists(f"/proc/{p}")
+                     and "zombie" not in open(f"/proc/{p}/status").read()]
+    deadline = time.time() + 30
+    while alive() and time.time() < deadline:
+      time.sleep(0.2)
+    assert not alive()
+    return pids
+  return run
