@@ -69,15 +69,15 @@ class GroupEstimate:
     sweep traces the group again)."""
     try:
       with mesh_class.resized(self.resize):  # what is live at the peak
-        est = self.base_memory.at_batch(batch)
+        est = self.base_memory.summary_at(batch)
     except LiveSetUnknown:
       return None
-    live = {**est.at_peak, "overhead": est.per_device_bytes["overhead"]}
+    live = {**est.at_peak, "overhead": est.overhead_bytes}
     tokens = batch * self.seq
     step = roofline.step_estimate(self.mesh_model, tokens, self.hardware)
     thr = step.threshold_tokens_global
     return dict(memory={c: int(live.get(c, 0)) for c in CATEGORIES},
-                peak_bytes=int(est.per_device_bytes["peak"]),
+                peak_bytes=int(est.peak_bytes),
                 peak_where=est.peak_where, t_math_s=step.t_math,
                 t_comm_s=step.t_comm, exposed_comm_s=step.exposed_comm,
                 step_time_s=step.step_time, t_hbm_s=step.t_hbm,

@@ -192,6 +192,34 @@ def test_comparable_peak_at_is_at_batchs(tiny):
           est.at_batch(b).compiled_comparable_peak)
 
 
+def _same_summary(est, batch: int) -> None:
+  full, summary = est.at_batch(batch), est.summary_at(batch)
+  assert summary.at_peak == full.at_peak
+  assert summary.compiled_comparable_peak == full.compiled_comparable_peak
+  assert summary.peak_bytes == full.per_device_bytes["peak"]
+  assert summary.overhead_bytes == full.per_device_bytes["overhead"]
+  assert summary.peak_where == full.peak_where
+
+
+def test_summary_at_is_at_batchs(tiny):
+  """What a sweep records (summary_at) is at_batch's peak, what is live
+  there by category and where: on a TPU with batch-tile padding, under the
+  1F1B rule, and on a GPU with its point-wise rules; a bad batch is
+  at_batch's error."""
+  plan = plan_mesh(parse_topology("v5p-8"), 2, 2)
+  e = memory.memory_report(tiny, TrainSettings(batch=4, seq=64), plan)
+  pp = memory.memory_report(tiny, TrainSettings(
+      batch=8, seq=64, pp=2, microbatches=2, schedule="1f1b"),
+      plan_mesh(parse_topology("v5p-16"), 2, 2, P=2))
+  gpu = memory.memory_report(tiny, TrainSettings(batch=4, seq=64),
+                             plan_mesh(parse_topology("h100:8"), 4, 2))
+  for est in (e, pp, gpu):
+    for b in (4, 8, 12, 36, 1000):
+      _same_summary(est, b)
+  with pytest.raises(ValueError, match="positive multiple of 2"):
+    e.summary_at(3)
+
+
 def _two_orders(deferred: int, traced: int, limit: int):
   """A synthetic estimate with no arguments, traced at batch 1: one point
   per schedule of the weight gradients, `deferred` and `traced` bytes a
@@ -225,6 +253,7 @@ def test_the_deferred_order_over_the_limit_gives_way():
   for e in (est, reverse, unlimited):
     for b in range(1, 30):
       assert e.comparable_peak_at(b) == peak(e, b)
+      _same_summary(e, b)
 
 
 @pytest.mark.parametrize("cap", [1, 50, 99, 100, 150, 1000])

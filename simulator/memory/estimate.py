@@ -42,9 +42,10 @@ retracing (`memory_report` does both).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -149,15 +150,18 @@ class MemoryEstimate:
 
   def at_batch(self, batch: int) -> "MemoryEstimate":
     """The same mesh and program at another global batch, without retracing."""
-    if not isinstance(batch, int) or batch <= 0 or batch % self.batch_shards:
-      raise ValueError(f"batch={batch!r} must be a positive multiple of "
-                       f"{self.batch_shards} (each micro-batch split over "
-                       "X)")
+    self._check_batch(batch)
     return dataclasses.replace(
         _assemble(self.tensors, self.points, batch, self.traced_batch,
                   self.hbm_bytes, self.batch_shards, self.host_devices,
                   self.one_f_one_b, self.remat_limit_bytes, self.left_out),
         trainable_params=self.trainable_params)
+
+  def _check_batch(self, batch: int) -> None:
+    if not isinstance(batch, int) or batch <= 0 or batch % self.batch_shards:
+      raise ValueError(f"batch={batch!r} must be a positive multiple of "
+                       f"{self.batch_shards} (each micro-batch split over "
+                       "X)")
 
   def deviceless(self) -> "MemoryEstimate":
     """The estimate of the program a compile without the device gives (no
@@ -173,13 +177,40 @@ class MemoryEstimate:
 
   def _peak_at(self, batch: int) -> tuple[int, int]:
     """(compiled-comparable peak, its point's index) at `batch`."""
-    arguments = sum(_argument_bytes(t, batch, self.traced_batch)
-                    for t in self.tensors)
+    arguments = sum(self._arguments.at_peak(batch, self.traced_batch)
+                    .values())
     orders = _kept_orders(self.points, batch, self.traced_batch, arguments,
                           self.remat_limit_bytes, self.left_out)
     transient, index = _transient(self.points, batch, self.traced_batch,
                                   self.one_f_one_b, orders)
     return arguments + transient, index
+
+  def summary_at(self, batch: int) -> "PeakSummary":
+    """`at_batch(batch)`'s peak, what is live there by category and where,
+    without naming the tensors and buffers (a sweep asks at every config;
+    at_batch names them for a report)."""
+    self._check_batch(batch)
+    at_peak = {c: 0 for c in PEAK_CATEGORIES}
+    at_peak.update(self._arguments.at_peak(batch, self.traced_batch))
+    arguments = sum(at_peak.values())
+    orders = _kept_orders(self.points, batch, self.traced_batch, arguments,
+                          self.remat_limit_bytes, self.left_out)
+    transient, index = _transient(self.points, batch, self.traced_batch,
+                                  self.one_f_one_b, orders)
+    for *_, category, b in _live_at_peak(self.points, index, batch,
+                                         self.traced_batch, self.one_f_one_b):
+      at_peak[category] += b
+    comparable = arguments + transient
+    overhead = int(comparable * OVERHEAD_FRACTION)
+    return PeakSummary(
+        at_peak=at_peak, compiled_comparable_peak=comparable,
+        overhead_bytes=overhead, peak_bytes=comparable + overhead,
+        peak_where=_peak_where(self.points, index, orders,
+                               self.remat_limit_bytes, self.one_f_one_b))
+
+  @functools.cached_property
+  def _arguments(self) -> "_Arguments":
+    return _Arguments.of(self.tensors)
 
   def walk_peaks(self, batches: Iterable[int]) -> None:
     """Walks what is live at each of `batches`' peaks now, while the traced
@@ -213,8 +244,8 @@ class MemoryEstimate:
   def order_peaks_at(self, batch: int) -> dict[str, int]:
     """{schedule of the weight gradients: its compiled-comparable peak} at
     `batch`, each nondecreasing in the batch (off the 1F1B rule)."""
-    arguments = sum(_argument_bytes(t, batch, self.traced_batch)
-                    for t in self.tensors)
+    arguments = sum(self._arguments.at_peak(batch, self.traced_batch)
+                    .values())
     return _order_peaks(self.points, batch, self.traced_batch, arguments)
 
 
@@ -360,13 +391,53 @@ def _peak_category(b: liveness.LiveBuffer) -> str:
   return "activations" if linear else "temporaries"
 
 
-def _argument_bytes(t: Tensor, batch: int, traced_batch: int) -> int:
-  """A tensor's bytes among the step's arguments (0: not an argument)."""
-  if t.category == "batch_padding":
-    return _batch_padding(t, batch, traced_batch)
-  if t.category in ("params", "optimizer", "batch", "padding"):
-    return t.bytes_at(batch, traced_batch)
-  return 0
+# Where each argument tensor's bytes are counted at the peak.
+_ARGUMENT_AT_PEAK = {"params": "params", "optimizer": "optimizer",
+                     "batch": "batch", "padding": "tile_padding",
+                     "batch_padding": "tile_padding"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Arguments:
+  """The step's arguments by at-peak category at any batch: the bytes that
+  do not scale summed once, the few that do (the batch and its tile
+  padding) kept to rescale, each tensor exact as `Tensor.bytes_at`."""
+
+  fixed: dict[str, int]
+  scaled: tuple[Tensor, ...]
+
+  @classmethod
+  def of(cls, tensors: Iterable[Tensor]) -> "_Arguments":
+    fixed = dict.fromkeys(("params", "optimizer", "batch", "tile_padding"), 0)
+    scaled = []
+    for t in tensors:
+      if t.category not in _ARGUMENT_AT_PEAK:
+        continue
+      if t.linear or t.category == "batch_padding":
+        scaled.append(t)
+      else:
+        fixed[_ARGUMENT_AT_PEAK[t.category]] += t.fixed
+    return cls(fixed, tuple(scaled))
+
+  def at_peak(self, batch: int, traced_batch: int) -> dict[str, int]:
+    out = dict(self.fixed)
+    for t in self.scaled:
+      out[_ARGUMENT_AT_PEAK[t.category]] += (
+          _batch_padding(t, batch, traced_batch)
+          if t.category == "batch_padding" else t.bytes_at(batch, traced_batch))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakSummary:
+  """A batch's peak without the tensors and buffers named
+  (MemoryEstimate.summary_at): the figures a sweep records."""
+
+  at_peak: dict[str, int]  # by PEAK_CATEGORIES; sums to the comparable peak
+  compiled_comparable_peak: int
+  overhead_bytes: int
+  peak_bytes: int  # compiled_comparable_peak + overhead_bytes
+  peak_where: str
 
 
 def _kept_orders(points: liveness.Points, batch: int, traced_batch: int,
@@ -402,6 +473,38 @@ def _transient(points: liveness.Points, batch: int, traced_batch: int,
                                                *one_f_one_b)
     return transient, index
   return points.peak_at(batch, traced_batch, orders)
+
+
+def _live_at_peak(points: liveness.Points, index: int, batch: int,
+                  traced_batch: int, one_f_one_b: tuple[int, int] | None
+                  ) -> Iterator[tuple[str, tuple, str, str, int]]:
+  """(name, shape at the traced batch, dtype, category, bytes) of each
+  transient buffer live at point `index` at `batch`, and of the point-wise
+  rules' bytes there (net)."""
+  if index < 0:
+    return
+  cut = 1.0 - schedule.in_flight_share(*one_f_one_b) if one_f_one_b else 0.0
+  for buf in points.live(index):
+    b = buf.bytes[0] + buf.bytes[1] * batch // traced_batch
+    if cut and schedule.stage_saved(buf):
+      b -= schedule.taken_off(b, cut)
+    yield buf.where, buf.shape, buf.dtype, _peak_category(buf), b
+  dtypes = points.extra_dtypes(index)
+  for what, extra in points.extras(index, batch, traced_batch).items():
+    yield (f"{points.where[index]}: {what}", (), dtypes[what], "temporaries",
+           extra)
+
+
+def _peak_where(points: liveness.Points, index: int,
+                orders: tuple[str, ...] | None, remat_limit: int | None,
+                one_f_one_b: tuple[int, int] | None) -> str:
+  """The program point of the peak, and the rule that put it there."""
+  if index < 0:
+    return "nothing transient"
+  note = (" (rematerialized logits: the deferred order is over XLA's limit)"
+          if remat_limit is not None and orders is not None
+          and "deferred" not in orders else "")
+  return points.where[index] + note + (" (1F1B rule)" if one_f_one_b else "")
 
 
 def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
@@ -440,30 +543,17 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
                         left_out)
   transient, index = _transient(points, batch, traced_batch, one_f_one_b,
                                 orders)
-  cut = 1.0 - schedule.in_flight_share(*one_f_one_b) if one_f_one_b else 0.0
   live = []
-  for buf in points.live(index) if index >= 0 else ():
-    b = buf.bytes[0] + buf.bytes[1] * batch // traced_batch
-    if cut and schedule.stage_saved(buf):
-      b -= schedule.taken_off(b, cut)
-    category = _peak_category(buf)
+  for name, shape, dtype, category, b in _live_at_peak(
+      points, index, batch, traced_batch, one_f_one_b):
     at_peak[category] += b
-    live.append(Contributor(buf.where, rescale(buf.shape, batch,
-                                                traced_batch),
-                            buf.dtype, b, category))
-  dtypes = points.extra_dtypes(index) if index >= 0 else {}
-  for what, extra in points.extras(index, batch, traced_batch).items():
-    at_peak["temporaries"] += extra  # the point-wise rules' bytes there, net
-    live.append(Contributor(f"{points.where[index]}: {what}", (),
-                            dtypes[what], extra, "temporaries"))
+    live.append(Contributor(name, rescale(shape, batch, traced_batch), dtype,
+                            b, category))
   comparable = arguments + transient
   totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
   totals["peak"] = peak = comparable + totals["overhead"]
   phases = {part: arguments + v for part, v in
             points.part_peaks(batch, traced_batch, orders).items()}
-  note = (" (rematerialized logits: the deferred order is over XLA's limit)"
-          if remat_limit is not None and orders is not None
-          and "deferred" not in orders else "")
   by_size = lambda xs: tuple(sorted(xs, key=lambda x: -x.bytes))
   return MemoryEstimate(
       per_device_bytes=totals, host_bytes=host, pinned_host_bytes=pinned,
@@ -476,9 +566,7 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
       batch=batch, batch_shards=shards, arguments_bytes=arguments,
       tile_padding_bytes=at_peak["tile_padding"],
       compiled_comparable_peak=comparable, at_peak=at_peak,
-      peak_where=(points.where[index] + note + (" (1F1B rule)" if one_f_one_b
-                                                 else "")
-                  if index >= 0 else "nothing transient"),
+      peak_where=_peak_where(points, index, orders, remat_limit, one_f_one_b),
       peak_buffers=by_size(live)[:PEAK_BUFFERS], phase_bytes=phases,
       traced_batch=traced_batch, tensors=tensors, points=points,
       one_f_one_b=one_f_one_b, remat_limit_bytes=remat_limit,

@@ -669,26 +669,25 @@ class Points:
     return out
 
   @functools.cached_property
-  def _schedules(self) -> tuple[tuple[str, ...], np.ndarray]:
-    """The schedules simulated, and each point's index into them (the
-    sweep asks for every schedule's peak at many batches)."""
-    names = tuple(dict.fromkeys(self.order))
-    return names, np.array([names.index(o) for o in self.order],
-                           dtype=np.int64)
+  def _schedules(self) -> dict[str, np.ndarray]:
+    """{schedule simulated: which points are its} (the sweep asks for every
+    schedule's peak at many batches)."""
+    order = np.array(self.order)
+    return {o: order == o for o in dict.fromkeys(self.order)}
 
   def _of(self, orders: Iterable[str] | None) -> np.ndarray:
     """Which points belong to the schedules `orders` (None: all)."""
     if orders is None:
       return np.ones(len(self.where), dtype=bool)
-    names, index = self._schedules
-    return np.isin(index, [names.index(o) for o in orders if o in names])
+    return functools.reduce(
+        np.logical_or, (self._schedules[o] for o in orders
+                        if o in self._schedules),
+        np.zeros(len(self.where), dtype=bool))
 
   def order_peaks(self, num: int, den: int) -> dict[str, int]:
     """{schedule: its largest point's bytes} at batch scale num/den."""
-    names, index = self._schedules
-    peaks = np.full(len(names), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(peaks, index, self.at(num, den))
-    return {o: int(p) for o, p in zip(names, peaks)}
+    values = self.at(num, den)
+    return {o: int(values[mask].max()) for o, mask in self._schedules.items()}
 
   def peak_at(self, num: int, den: int,
               orders: Iterable[str] | None = None) -> tuple[int, int]:
