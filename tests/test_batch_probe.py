@@ -109,3 +109,13 @@ def test_bytes_at_is_the_exact_floor_of_the_scaled_bytes_in_int64():
   assert batch_probe.bytes_at(np.array([7]), np.array([linear]), num,
                               den)[0] == exact
   assert np.array([linear]) * num < 0  # the plain product overflows
+
+
+def test_labels_rescale_as_shapes_do():
+  """A label holding a probe-batch aval reads at the real batch: only the
+  numbers that carry the batch change, as `rescale` changes those dims."""
+  P = batch_probe.PROBE
+  label = f"x > remat2 > bfloat16[{16 * P}@X,8@Y,4,4096,512] made in a layout"
+  assert batch_probe.rescale_text(label, 32, 16 * P) == (
+      "x > remat2 > bfloat16[32@X,8@Y,4,4096,512] made in a layout")
+  assert batch_probe.rescale_text(f"f32[{P},0,7]", 6, 2 * P) == "f32[3,0,7]"

@@ -9,8 +9,10 @@ plus optax's int32 step counts (4 bytes each), which the closed forms omit.
 """
 
 import contextlib
+import itertools
 import math
 import os
+import re
 import types
 
 import flax
@@ -29,6 +31,7 @@ from models.rules import FSDP_TP
 from simulator import formulas, memory
 from simulator.memory import estimate as estimate_module, liveness
 from simulator.settings import TrainSettings
+from simulator.tracing.batch_probe import PROBE
 from simulator.step import device_bytes
 from simulator.tracing.trace import fused_residuals, trace
 
@@ -216,6 +219,13 @@ def test_summary_at_is_at_batchs(tiny):
   for est in (e, pp, gpu):
     for b in (4, 8, 12, 36, 1000):
       _same_summary(est, b)
+      # what a report names reads at the batch, not the probe batch
+      named = est.at_batch(b)
+      for c in (*named.peak_buffers,
+                *itertools.chain(*named.contributors.values())):
+        assert not any(int(n) % PROBE == 0 for n in re.findall(r"\d+",
+                                                               c.name)
+                       if int(n)), c.name
   with pytest.raises(ValueError, match="positive multiple of 2"):
     e.summary_at(3)
 

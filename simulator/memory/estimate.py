@@ -54,7 +54,8 @@ from meshes import gpu_target
 from meshes.layout import MeshPlan, abstract_mesh
 from models import scopes
 from models.config import ModelConfig
-from simulator.tracing.batch_probe import carries_batch, require_probe, rescale
+from simulator.tracing.batch_probe import (carries_batch, require_probe,
+                                           rescale, rescale_text)
 from simulator.memory import (capacity, liveness, schedule, xla_gpu_rules,
                               xla_rules)
 from simulator.memory.tiling import tpu_tiled_bytes
@@ -547,8 +548,9 @@ def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
   for name, shape, dtype, category, b in _live_at_peak(
       points, index, batch, traced_batch, one_f_one_b):
     at_peak[category] += b
-    live.append(Contributor(name, rescale(shape, batch, traced_batch), dtype,
-                            b, category))
+    live.append(Contributor(rescale_text(name, batch, traced_batch),
+                            rescale(shape, batch, traced_batch), dtype, b,
+                            category))
   comparable = arguments + transient
   totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
   totals["peak"] = peak = comparable + totals["overhead"]

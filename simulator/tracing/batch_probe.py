@@ -20,6 +20,7 @@ two-trace fit (B and 2B) gave before, at half the tracing.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from models.config import ModelConfig
 from simulator.settings import TrainSettings
@@ -47,6 +48,14 @@ def rescale(shape, batch: int, probe_batch: int) -> tuple[int, ...]:
   """A probe-batch shape at global `batch` (its batch dim scaled)."""
   return tuple(d * batch // probe_batch if d and d % PROBE == 0 else d
                for d in shape)
+
+
+def rescale_text(text: str, batch: int, probe_batch: int) -> str:
+  """A label written at the probe batch (a value's aval, e.g.
+  "bfloat16[16000048@X,8@Y,4096]") at global `batch`: each number in it
+  that carries the batch rescaled as `rescale` rescales a dim."""
+  return re.sub(r"\d+", lambda m: str(rescale((int(m.group()),), batch,
+                                              probe_batch)[0]), text)
 
 
 def bytes_at(fixed, linear, num: int, den: int):
