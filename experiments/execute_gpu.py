@@ -143,7 +143,7 @@ def recheck(row: dict) -> dict:
   from meshes.layout import abstract_mesh, plan_mesh  # pylint: disable=g-import-not-at-top
   from meshes.topology import parse_topology  # pylint: disable=g-import-not-at-top
   from models.registry import load_model  # pylint: disable=g-import-not-at-top
-  from simulator.memory.estimate import estimate_memory  # pylint: disable=g-import-not-at-top
+  from simulator.memory.from_trace import estimate_memory  # pylint: disable=g-import-not-at-top
   from simulator.timing import roofline  # pylint: disable=g-import-not-at-top
   from simulator.tracing.trace import trace_probe  # pylint: disable=g-import-not-at-top
   from simulator.xla import compiled  # pylint: disable=g-import-not-at-top

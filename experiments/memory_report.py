@@ -22,7 +22,7 @@ from meshes.hardware import GiB
 from models.params import num_params
 from simulator import formulas, memory
 from simulator.timing import roofline
-from simulator.memory import capacity, liveness
+from simulator.memory import capacity, points
 from simulator.step import kv_heads_note, kv_heads_replicated
 
 FLAGS = flags.FLAGS
@@ -85,7 +85,7 @@ def schedule_lines(estimate: memory.MemoryEstimate) -> list[str]:
   lines = ["  each schedule of the weight gradients simulated (XLA's scheduler "
            "picks one; the peak is the largest kept):"]
   for order, (b, kept) in sorted(peaks.items(), key=lambda kv: -kv[1][0]):
-    label = liveness.order_label(order)
+    label = points.order_label(order)
     note = "" if kept else ("  (dropped: over XLA's rematerialization "
                             "limit, the logits recomputed)")
     lines.append(f"    {label:<52}{_gib(b)} GiB{note}")

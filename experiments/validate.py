@@ -78,14 +78,14 @@ def _pct(x) -> str:
 def _scheduler_lines(s: dict, c: dict) -> list[str]:
   """libtpu's memory-scheduler estimates beside the simulated schedules of
   the weight gradients (README "Does the compiler agree?")."""
-  from simulator.memory import liveness
+  from simulator.memory import points
   from simulator.xla import memory_scheduler
   lines = []
   if c.get("scheduler"):
     lines.append(f"compiled with libtpu's {c['scheduler']} memory scheduler "
                  "(--memory_scheduler)")
   if c.get("memory_scheduler"):
-    simulated = ", ".join(f"{liveness.order_label(o)} {b / GiB:.3f}"
+    simulated = ", ".join(f"{points.order_label(o)} {b / GiB:.3f}"
                           for o, b in s.get("schedule_peaks", {}).items())
     lines.append(f"XLA's memory scheduler (libtpu's estimates, no "
                  f"fragmentation): {memory_scheduler.summary(c['memory_scheduler'])}"

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from simulator import memory
-from simulator.memory.liveness import LiveSetUnknown
+from simulator.memory.points import LiveSetUnknown
 from simulator.timing import roofline
 from simulator.tracing import mesh_class
 

@@ -7,8 +7,9 @@ import pytest
 from meshes.layout import abstract_mesh, plan_mesh
 from meshes.topology import parse_topology
 from models.presets import PRESETS
-from simulator.timing.comms import (axis_bandwidth, collective_cost, collective_time,
-                             collectives, ring_time)
+from simulator.timing.comms import (axis_bandwidth, collective_cost,
+                                    collective_time, ring_time)
+from simulator.tracing.program import collectives
 from simulator.settings import TrainSettings
 from simulator.tracing.trace import trace
 

@@ -12,6 +12,7 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as
 
 from simulator.tracing.batch_probe import PROBE
 from simulator.memory import liveness
+from simulator.memory.points import LiveSetUnknown
 
 F32 = 4
 
@@ -128,7 +129,7 @@ def test_points_kept_as_data_know_the_live_sets_walked_before():
   kept = pickle.loads(pickle.dumps(points))
   assert kept.live(i) == walked and kept.peak_at(1, 1) == points.peak_at(1, 1)
   other = next(j for j in range(len(points.where)) if j != i)
-  with pytest.raises(liveness.LiveSetUnknown):
+  with pytest.raises(LiveSetUnknown):
     kept.live(other)
   assert points.live(other)  # with its program, any point walks
 

@@ -242,7 +242,7 @@ def _two_orders(deferred: int, traced: int, limit: int):
              "order)"), paths=((0,), (0,)), part=np.zeros(2, dtype=np.int64),
       parts=("backward Decoder/layers",), order=("deferred", "traced"),
       splits={}, _sim=None, _jaxpr=None, _in_place=(), _live={0: [], 1: []})
-  return estimate_module._assemble((), points, 1, 1, 10**6, 1, 1, None, limit)
+  return estimate_module.assemble((), points, 1, 1, 10**6, 1, 1, None, limit)
 
 
 def test_the_deferred_order_over_the_limit_gives_way():

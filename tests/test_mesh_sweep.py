@@ -193,6 +193,42 @@ def test_a_sweep_read_from_its_cache_imports_no_jax(tmp_path):
   assert sorted(map(json.dumps, first)) == sorted(map(json.dumps, second))
 
 
+def test_a_sweep_reading_its_groups_from_the_cache_imports_no_jax(tmp_path):
+  """Another --hbm_fraction misses the records but reads each group's
+  estimators from the cache as data (simulator.group_estimate): without
+  importing jax, flax or optax, and with the records a sweep that traces
+  writes."""
+  args = ["--model=tiny", "--topology=v5p-8", "--batches=4,8",
+          "--remats=full", "--seq=32", "--top_k=0", "--noprogress",
+          f"--logdir={tmp_path / 'runs'}"]
+  cache = f"--cache_dir={tmp_path / 'cache'}"
+  assert _cli(*args, cache, "--run_name=first").returncode == 0
+  probe = "\n".join([
+      "import runpy, sys",
+      f"sys.argv = ['mesh_sweep', *{args!r}, {cache!r}, '--run_name=second',"
+      " '--hbm_fraction=0.5']",
+      "try:",
+      "  runpy.run_module('experiments.mesh_sweep', run_name='__main__')",
+      "except SystemExit as e:",
+      "  assert not e.code, e.code",
+      "print(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules),"
+      " file=sys.stderr)"])
+  p = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                     capture_output=True, text=True, timeout=60)
+  assert p.returncode == 0, p.stderr
+  assert p.stderr.strip().splitlines()[-1] == "[]"
+  assert "evaluated: 0 of 6 records from the cache; 2 groups' traces read " \
+      "from it as data; 0 traces" in p.stdout
+  traced = _cli(*args, "--cache_dir=", "--run_name=third",
+                "--hbm_fraction=0.5")
+  assert traced.returncode == 0
+  second, third = ([{k: v for k, v in r.items() if k != "eval_s"}
+                     for r in _lines(str(tmp_path / "runs" / n))]
+                    for n in ("second", "third"))
+  assert sorted(map(json.dumps, second)) == sorted(map(json.dumps, third))
+
+
 def test_remat_list_keeps_names_commas():
   assert mesh_sweep.join_remats(["full", "names:qkv", "mlp_in", "dots"]) == (
       "full", "names:qkv,mlp_in", "dots")

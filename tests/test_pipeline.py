@@ -20,7 +20,8 @@ from meshes.topology import parse_topology
 from models import pipeline
 from models.registry import load_model
 from models.transformer import Decoder
-from simulator.timing import comms, roofline
+from simulator.timing import roofline
+from simulator.tracing import program
 from simulator.settings import TrainSettings
 from simulator.step import build_step
 from simulator.tracing.trace import trace
@@ -82,7 +83,7 @@ def test_stage_sends_are_the_programs_permutes():
   micro-batch's residual stream each, [B/M/X, S, D/Y] bf16; the finished
   micro-batches are all-reduced over P once per iteration each way."""
   s = TrainSettings(batch=16, seq=64, pp=2, microbatches=4)
-  found = comms.collectives(trace(TINY4, s, abstract_mesh(PLAN)))
+  found = program.collectives(trace(TINY4, s, abstract_mesh(PLAN)))
   on_p = lambda kind: sum(c.bytes_per_device * c.count for c in found
                           if c.axis == "P" and c.kind == kind)
   each = pipeline.send_bytes(16 // 4 // 2, 64, 64 // 2)

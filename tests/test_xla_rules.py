@@ -16,6 +16,7 @@ from models.registry import load_model
 from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator import memory
 from simulator.memory import liveness, xla_rules
+from simulator.memory.points import kept_orders
 from simulator.settings import TrainSettings
 from simulator.step import device_shape
 from simulator.tracing.program import subjaxprs
@@ -550,7 +551,7 @@ def test_the_deferred_order_over_the_limit_is_dropped():
   over XLA's limit and the traced one is not; the traced order over it
   with the deferred under keeps both (XLA was seen recomputing the
   logits, nothing else); both over, or no limit: both kept."""
-  kept = xla_rules.kept_orders
+  kept = kept_orders
   assert kept({"deferred": 101, "traced": 90}, 100) == ("traced",)
   assert kept({"deferred": 100, "traced": 90}, 100) == ("deferred", "traced")
   assert kept({"traced": 101, "deferred": 90}, 100) == ("traced", "deferred")

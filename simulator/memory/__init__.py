@@ -2,7 +2,9 @@
 from a heap simulation of the traced program.
 
   estimate   MemoryEstimate: categories, the peak, what is live there
+  from_trace  the estimate of a traced step (the part that needs jax)
   liveness   the heap simulation (live ranges in program order)
+  points     what it leaves as data: each point's bytes, the live sets
   xla_rules  what XLA holds differently from plain live ranges, as rules
   xla_gpu_rules  where XLA:GPU differs from those (TPU-read) rules
   tiling     TPU tiled layouts of arguments
@@ -16,8 +18,10 @@ import importlib
 _EXPORTS = {
     **{name: "simulator.memory.estimate" for name in (
         "CATEGORIES", "OVERHEAD_FRACTION", "PEAK_CATEGORIES", "SCHEMA_VERSION",
-        "Contributor", "MemoryEstimate", "estimate_memory", "largest_batch",
-        "largest_batch_any_schedule", "memory_report", "to_json")},
+        "Contributor", "MemoryEstimate", "largest_batch",
+        "largest_batch_any_schedule", "to_json")},
+    **{name: "simulator.memory.from_trace" for name in (
+        "estimate_memory", "memory_report")},
     "tpu_tiled_bytes": "simulator.memory.tiling",
 }
 __all__ = sorted(_EXPORTS)

@@ -43,26 +43,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
-import jax
-import jax.numpy as jnp
+import numpy as np
 
-from meshes import gpu_target
-from meshes.layout import MeshPlan, abstract_mesh
 from models import scopes
-from models.config import ModelConfig
-from simulator.tracing.batch_probe import (carries_batch, require_probe,
-                                           rescale, rescale_text)
-from simulator.memory import (capacity, liveness, schedule, xla_gpu_rules,
-                              xla_rules)
+from simulator.tracing.batch_probe import rescale, rescale_text
+from simulator.memory import schedule
+from simulator.memory.points import (AUTOTUNED, LiveBuffer, LiveSetUnknown,
+                                     Points, kept_orders)
 from simulator.memory.tiling import tpu_tiled_bytes
-from simulator.settings import TrainSettings
-from simulator.step import (HOST as PINNED, device_bytes, device_shape,
-                            trainable_params)
-from simulator.tracing.trace import Residual, Traced, read_inputs, trace_probe
 
 # Runtime and fragmentation overhead as a fraction of the compiled-comparable
 # peak. Seed 001 gives 5-20% ("typically"), and its worked estimator uses 10%;
@@ -130,7 +121,7 @@ class MemoryEstimate:
   phase_bytes: dict[str, int]  # the largest live set of each part
   traced_batch: int  # the batch `tensors` were traced at (the probe)
   tensors: tuple[Tensor, ...] = dataclasses.field(repr=False, default=())
-  points: liveness.Points | None = dataclasses.field(repr=False,
+  points: Points | None = dataclasses.field(repr=False,
                                                      default=None)
   trainable_params: int = 0  # parameters the step trains (LoRA: adapters)
   # (stages, microbatches): the 1F1B rule on the traced GPipe step
@@ -140,7 +131,7 @@ class MemoryEstimate:
   # rematerialized-logits rule applies (xla_rules); None: it does not.
   remat_limit_bytes: int | None = None
   # The schedules the peak is not taken over (`deviceless`): none, or the
-  # ones XLA's autotuner may pick on a real GPU (liveness.AUTOTUNED).
+  # ones XLA's autotuner may pick on a real GPU (points.AUTOTUNED).
   left_out: tuple[str, ...] = ()
 
   @property
@@ -153,9 +144,9 @@ class MemoryEstimate:
     """The same mesh and program at another global batch, without retracing."""
     self._check_batch(batch)
     return dataclasses.replace(
-        _assemble(self.tensors, self.points, batch, self.traced_batch,
-                  self.hbm_bytes, self.batch_shards, self.host_devices,
-                  self.one_f_one_b, self.remat_limit_bytes, self.left_out),
+        assemble(self.tensors, self.points, batch, self.traced_batch,
+                 self.hbm_bytes, self.batch_shards, self.host_devices,
+                 self.one_f_one_b, self.remat_limit_bytes, self.left_out),
         trainable_params=self.trainable_params)
 
   def _check_batch(self, batch: int) -> None:
@@ -168,7 +159,7 @@ class MemoryEstimate:
     """The estimate of the program a compile without the device gives (no
     autotuning: xla_gpu_rules, cuBLAS logits), which the GPU corpus holds
     against; the estimate itself, what `fits` uses, keeps every schedule."""
-    return dataclasses.replace(self, left_out=liveness.AUTOTUNED).at_batch(
+    return dataclasses.replace(self, left_out=AUTOTUNED).at_batch(
         self.batch)
 
   def comparable_peak_at(self, batch: int) -> int:
@@ -215,14 +206,14 @@ class MemoryEstimate:
 
   def walk_peaks(self, batches: Iterable[int]) -> None:
     """Walks what is live at each of `batches`' peaks now, while the traced
-    program is at hand: the estimate kept as data (liveness.Points) then
+    program is at hand: the estimate kept as data (points.Points) then
     answers every batch whose peak is at one of those points."""
     for batch in batches:
       index = self._peak_at(batch)[1]
       try:
         if index >= 0:
           self.points.live(index)
-      except liveness.LiveSetUnknown:  # kept as data already: as it is
+      except LiveSetUnknown:  # kept as data already: as it is
         return
 
   def schedule_peaks(self) -> dict[str, tuple[int, bool]]:
@@ -250,88 +241,10 @@ class MemoryEstimate:
     return _order_peaks(self.points, batch, self.traced_batch, arguments)
 
 
-# --------------------------------------------------------------------------
-# The step's tensors.
-# --------------------------------------------------------------------------
-
-
-def _leaves_with_names(tree, prefix: str) -> list[tuple[str, Any]]:
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return [(prefix + jax.tree_util.keystr(path, simple=True, separator="/"),
-           leaf) for path, leaf in flat if hasattr(leaf, "shape")]
-
-
-def _split(category: str, name: str, aval) -> Tensor:
-  """A value of the probe-batch trace: all fixed or all linear bytes."""
-  shape, nbytes = device_shape(aval), device_bytes(aval)
-  linear = carries_batch(shape)
-  return Tensor(category, name, shape, str(aval.dtype),
-                0 if linear else nbytes, nbytes if linear else 0)
-
-
-def _padding_tensor(name: str, leaf, tiled: bool, batch: bool = False
-                    ) -> Tensor:
-  """The tile padding of one argument (0 off TPU). A batch argument's
-  padding is not affine in the batch (its per-device batch dim is rounded
-  to a tile): "batch_padding" is recomputed from its shape at every batch."""
-  shape = device_shape(leaf)
-  if batch:
-    return Tensor("batch_padding" if tiled else "padding",
-                  f"{name} tile padding", shape, str(leaf.dtype), 0, 0)
-  pad = tpu_tiled_bytes(shape, leaf.dtype) - device_bytes(leaf) if tiled else 0
-  return Tensor("padding", f"{name} tile padding", shape, str(leaf.dtype),
-                pad, 0)
-
-
 def _batch_padding(t: Tensor, batch: int, traced_batch: int) -> int:
   shape = rescale(t.shape, batch, traced_batch)
   return (tpu_tiled_bytes(shape, t.dtype)
-          - math.prod(shape) * jnp.dtype(t.dtype).itemsize)
-
-
-def _state_tensors(traced: Traced, tiled: bool) -> list[Tensor]:
-  """Params, grads, optimizer state and batch; an argument the step never
-  reads (Adafactor's placeholder moments) is dropped by jit and left out."""
-  step = traced.step
-  reads = read_inputs(traced.jaxpr)  # params, opt_state, batch leaves in order
-  n_params = len(jax.tree.leaves(step.params))
-  read = {"params": reads[:n_params], "grads": itertools.repeat(True),
-          "optimizer": reads[n_params:]}
-  out = []
-  for category, tree, prefix in (("params", step.params, "params/"),
-                                 ("grads", step.grads, "grads/"),
-                                 ("optimizer", step.opt_state, "opt_state")):
-    for (name, leaf), kept in zip(_leaves_with_names(tree, prefix),
-                                  read[category]):
-      if not kept:
-        continue
-      if xla_rules.on_host(leaf):  # --offload: pinned host memory
-        out.append(Tensor("host", name, device_shape(leaf), str(leaf.dtype),
-                          device_bytes(leaf), 0,
-                          pinned=leaf.sharding.memory_kind == PINNED))
-        continue
-      out.append(Tensor(category, name, device_shape(leaf),
-                        str(leaf.dtype), device_bytes(leaf), 0))
-      if category != "grads":  # arguments only
-        out.append(_padding_tensor(name, leaf, tiled))
-  for name, leaf in _leaves_with_names(step.batch, "batch/"):
-    out.append(_split("batch", f"{name} (argument)", leaf))
-    out.append(_padding_tensor(name, leaf, tiled, batch=True))
-  return out
-
-
-def _saved_tensors(residuals: tuple[Residual, ...]) -> list[Tensor]:
-  """What the backward keeps: residuals not fused away and not arguments
-  (params and batch are counted as such); offloaded ones on the host, in
-  pinned_host memory (models.remat's offload_dst)."""
-  out = []
-  for r in residuals:
-    if r.argument or r.fused:
-      continue
-    t = _split("host" if xla_rules.on_host(r.aval) else "activations", r.name,
-               r.aval)
-    out.append(dataclasses.replace(t, pinned=t.category == "host"))
-  return out
+          - math.prod(shape) * np.dtype(t.dtype).itemsize)
 
 
 # --------------------------------------------------------------------------
@@ -339,48 +252,7 @@ def _saved_tensors(residuals: tuple[Residual, ...]) -> list[Tensor]:
 # --------------------------------------------------------------------------
 
 
-def _require_loss(jaxpr) -> None:
-  """The deferred-output-gradient rule finds the loss by its named scope."""
-  if not any(scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)
-             for e in jaxpr.jaxpr.eqns):
-    raise ValueError(
-        "the traced step has no loss scope: the memory model needs the "
-        f"model's loss under jax.named_scope({scopes.LOSS!r}) (see "
-        "models.scopes)")
-
-
-def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
-  """The estimate for the step traced at the probe batch
-  (simulator.tracing.trace.trace_probe) on `plan`'s chip, at that batch: call
-  `at_batch` for a real one."""
-  step = traced.step
-  batch = step.batch["inputs"].shape[0]
-  require_probe(batch, plan.data * plan.Y, "estimate_memory",
-                step.grad_accum * step.microbatches)
-  _require_loss(traced.jaxpr)
-  per_device_batch = device_shape(step.batch["inputs"])[0]
-  tiled = plan.topology.chip.kind == "tpu"
-  tensors = _state_tensors(traced, tiled) + _saved_tensors(traced.residuals)
-  donated = len(jax.tree.leaves(step.params)) + len(
-      jax.tree.leaves(step.opt_state))
-  gpu = plan.topology.chip.kind == "gpu"
-  sms = (xla_gpu_rules.Sms(*gpu_target.sm_count_and_major(
-      plan.topology.chip.name)) if gpu else None)
-  points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms,
-                             one_device=plan.chips == 1)
-  rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
-          else None)
-  limit = (capacity.remat_limit_bytes(plan) if rule is None
-           and xla_rules.logits_recomputable(traced.jaxpr) else None)
-  return dataclasses.replace(
-      _assemble(tuple(tensors), points, batch, batch,
-                capacity.capacity_bytes(plan),
-                batch // per_device_batch * step.grad_accum * step.microbatches,
-                plan.topology.chips_per_vm, rule, limit),
-      trainable_params=trainable_params(step))
-
-
-def _peak_category(b: liveness.LiveBuffer) -> str:
+def _peak_category(b: LiveBuffer) -> str:
   """What a transient buffer live at the peak is, by structure."""
   linear = bool(b.bytes[1])
   if b.hoisted:
@@ -441,7 +313,7 @@ class PeakSummary:
   peak_where: str
 
 
-def _kept_orders(points: liveness.Points, batch: int, traced_batch: int,
+def _kept_orders(points: Points, batch: int, traced_batch: int,
                  arguments: int, limit: int | None,
                  left_out: tuple[str, ...] = ()) -> tuple[str, ...] | None:
   """The schedules of the weight gradients the peak is taken over, but
@@ -452,18 +324,18 @@ def _kept_orders(points: liveness.Points, batch: int, traced_batch: int,
   peaks = {o: b for o, b in _order_peaks(points, batch, traced_batch,
                                          arguments).items()
            if o not in left_out}
-  return tuple(peaks) if limit is None else xla_rules.kept_orders(peaks,
+  return tuple(peaks) if limit is None else kept_orders(peaks,
                                                                   limit)
 
 
-def _order_peaks(points: liveness.Points, batch: int, traced_batch: int,
+def _order_peaks(points: Points, batch: int, traced_batch: int,
                  arguments: int) -> dict[str, int]:
   """{schedule of the weight gradients: its compiled-comparable peak}."""
   return {o: arguments + v
           for o, v in points.order_peaks(batch, traced_batch).items()}
 
 
-def _transient(points: liveness.Points, batch: int, traced_batch: int,
+def _transient(points: Points, batch: int, traced_batch: int,
                one_f_one_b: tuple[int, int] | None,
                orders: tuple[str, ...] | None = None) -> tuple[int, int]:
   """(bytes, point index) of the largest transient live set over the
@@ -476,7 +348,7 @@ def _transient(points: liveness.Points, batch: int, traced_batch: int,
   return points.peak_at(batch, traced_batch, orders)
 
 
-def _live_at_peak(points: liveness.Points, index: int, batch: int,
+def _live_at_peak(points: Points, index: int, batch: int,
                   traced_batch: int, one_f_one_b: tuple[int, int] | None
                   ) -> Iterator[tuple[str, tuple, str, str, int]]:
   """(name, shape at the traced batch, dtype, category, bytes) of each
@@ -496,7 +368,7 @@ def _live_at_peak(points: liveness.Points, index: int, batch: int,
            extra)
 
 
-def _peak_where(points: liveness.Points, index: int,
+def _peak_where(points: Points, index: int,
                 orders: tuple[str, ...] | None, remat_limit: int | None,
                 one_f_one_b: tuple[int, int] | None) -> str:
   """The program point of the peak, and the rule that put it there."""
@@ -508,12 +380,15 @@ def _peak_where(points: liveness.Points, index: int,
   return points.where[index] + note + (" (1F1B rule)" if one_f_one_b else "")
 
 
-def _assemble(tensors: tuple[Tensor, ...], points: liveness.Points,
-              batch: int, traced_batch: int, hbm_bytes: int,
-              shards: int, host_devices: int,
-              one_f_one_b: tuple[int, int] | None = None,
-              remat_limit: int | None = None,
-              left_out: tuple[str, ...] = ()) -> MemoryEstimate:
+def assemble(tensors: tuple[Tensor, ...], points: Points,
+             batch: int, traced_batch: int, hbm_bytes: int,
+             shards: int, host_devices: int,
+             one_f_one_b: tuple[int, int] | None = None,
+             remat_limit: int | None = None,
+             left_out: tuple[str, ...] = ()) -> MemoryEstimate:
+  """The estimate at `batch` of a step traced at `traced_batch`: its
+  tensors, and the peak over `points` (simulator.memory.from_trace builds
+  both)."""
   totals = {c: 0 for c in CATEGORIES}
   at_peak = {c: 0 for c in PEAK_CATEGORIES}
   host = pinned = 0
@@ -624,13 +499,6 @@ def largest_batch_any_schedule(estimate: MemoryEstimate, cap_bytes: int,
     return largest_batch(estimate, cap_bytes, step, limit)
   smallest = lambda n: min(estimate.order_peaks_at(n * step).values())
   return _last(lambda n: smallest(n) <= cap_bytes, max(1, limit // step)) * step
-
-
-def memory_report(cfg: ModelConfig, settings: TrainSettings,
-                  plan: MeshPlan) -> MemoryEstimate:
-  """Trace the step under `plan`'s abstract mesh and estimate its memory."""
-  traced = trace_probe(cfg, settings, abstract_mesh(plan))
-  return estimate_memory(traced, plan).at_batch(settings.batch)
 
 
 SCHEMA_VERSION = 2

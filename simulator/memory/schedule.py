@@ -22,14 +22,15 @@ against a compile: XLA compiles the program it is given, the GPipe one.
 from __future__ import annotations
 
 from models import scopes
-from simulator.memory import liveness
+from simulator.memory.points import LiveBuffer, Points
+
 
 def in_flight_share(stages: int, microbatches: int) -> float:
   """1F1B's saved stage activations over the traced GPipe program's."""
   return min(microbatches, stages) / (microbatches + stages - 1)
 
 
-def stage_saved(buf: liveness.LiveBuffer) -> bool:
+def stage_saved(buf: LiveBuffer) -> bool:
   """A buffer the forward made inside the layer stack: a stage's saved
   activation (or the running iteration's)."""
   return not buf.backward and scopes.LAYERS in buf.scopes
@@ -40,7 +41,7 @@ def taken_off(nbytes: int, cut: float) -> int:
   return int(nbytes * cut)
 
 
-def one_f_one_b(points: liveness.Points, num: int, den: int, stages: int,
+def one_f_one_b(points: Points, num: int, den: int, stages: int,
                 microbatches: int) -> tuple[int, int, int]:
   """(transient bytes, point index, bytes the rule took off there) of the
   largest point under the rule, at batch scale num/den. Points are visited

@@ -9,7 +9,9 @@ tiny steps); a scalar in one 512-byte tile. The compiler also picks which
 dims are minor (major_to_minor) to waste least: e.g. a (50257, 192) f32 shard
 is stored with 50257 minor.
 
-`tpu_tiled_bytes` predicts that layout; `layout_bytes` measures a layout the
+Dtypes are numpy's names ("bfloat16": ml_dtypes registers the ML ones, as
+jax does, so that reading a kept estimate needs no jax). `tpu_tiled_bytes`
+predicts that layout; `layout_bytes` measures a layout the
 compiler chose (simulator.xla.compiled checks the two agree, leaf by leaf).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes  # noqa: F401  pylint: disable=unused-import
 import numpy as np
 
 TILE_MINOR, TILE_SECOND = 128, 8

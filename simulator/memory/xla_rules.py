@@ -946,19 +946,6 @@ def logits_recomputable(jaxpr) -> bool:
              for e in jaxpr.eqns)
 
 
-def kept_orders(peaks: dict[str, int], limit: int | None) -> tuple[str, ...]:
-  """The schedules of the weight gradients the peak is the largest of, from
-  each one's peak `peaks` (bytes, arguments included) and XLA's
-  rematerialization limit (None: the rule does not apply): the deferred
-  order is dropped where it is over the limit and another order is not
-  (the rematerialized-logits rule)."""
-  others = [o for o in peaks if o != "deferred"]
-  if (limit is not None and peaks.get("deferred", 0) > limit
-      and any(peaks[o] <= limit for o in others)):
-    return tuple(others)
-  return tuple(peaks)
-
-
 def activation_matmul(eqn) -> bool:
   """A matmul whose result carries the batch (not a weight gradient)."""
   return _matmul_kind(eqn) in ("weight", "activation")

@@ -44,24 +44,16 @@ axes, meshes.layout).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from meshes.layout import MeshPlan
 from simulator.timing import nccl
 from simulator.timing.nccl import Cost
-from simulator.tracing.program import Collective, read_for_plan, read_traced
+
+if TYPE_CHECKING:
+  from simulator.tracing.program import Collective
 
 RINGS = ("book", "exact")
-
-
-def collectives(traced, plan: MeshPlan | None = None) -> list[Collective]:
-  """Every collective the traced step's shardings imply (see simulator.tracing.program).
-
-  The mesh sizes are read from the program itself; `plan`'s chip says which
-  compiler runs it (XLA:GPU, or libtpu with its windowed einsum:
-  simulator.tracing.program.read_for_plan).
-  """
-  if plan is None:
-    return read_traced(traced).made()
-  return read_for_plan(traced, plan).made()
 
 
 def axis_bandwidth(plan: MeshPlan, axis: str, link_bandwidth: float,

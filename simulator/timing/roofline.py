@@ -45,6 +45,11 @@ activation collectives sit on the critical path. Per layer instance:
     MFU     = model FLOPs / (step · chips · C), model FLOPs = forward × (3 with the
               backward pass, 1 forward only): remat recomputation is not useful
               work (HFU counts it).
+
+A fitted MeshModel is data: a sweep keeps it (simulator.group_estimate) and
+reads it back without jax, so this module imports none; `fit_mesh` and
+`pipeline_summary`, which trace or read the model's code, import it when
+called.
 """
 
 from __future__ import annotations
@@ -52,18 +57,20 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from meshes.layout import MeshPlan, abstract_mesh, mesh_shapes, plan_mesh
-from models import moe, scopes
-from models import pipeline
-from models.pipeline import iterations
+from models import scopes
 from simulator.tracing.batch_probe import carries_batch, require_probe
 from simulator.timing.comms import collective_cost
-from simulator.tracing.program import Condition, Program, read_for_plan
+from simulator.tracing.conditions import Condition
 from simulator.settings import TrainSettings
-from simulator.tracing.trace import Traced, trace_probe
+
+if TYPE_CHECKING:
+  from simulator.tracing.program import Program
+  from simulator.tracing.trace import Traced
 
 PASSES = {"forward": ("forward",), "train": ("forward", "backward"),
           "step": ("forward", "backward", "optimizer")}
@@ -299,6 +306,11 @@ def fit_mesh(cfg, settings: TrainSettings, plan: MeshPlan,
   (simulator.tracing.trace.trace_probe), reused; only its program is read.
   `windowed_einsum`: see simulator.tracing.program.read_for_plan.
   """
+  # pylint: disable=g-import-not-at-top  (jax: the module doc)
+  from models import moe
+  from models.pipeline import iterations
+  from simulator.tracing.program import read_for_plan
+  from simulator.tracing.trace import trace_probe
   if traced is None:
     traced = trace_probe(cfg, settings, abstract_mesh(plan))
   batch = traced.step.batch["inputs"].shape[0]
@@ -565,6 +577,7 @@ def pipeline_summary(cfg, settings: TrainSettings, plan: MeshPlan) -> dict:
   """What a pipeline plan's step adds (models.pipeline): the bubble, the
   stage sends (count, per-device bytes each, seconds each at the P link's
   bandwidth, simulator.timing.comms) and the memory rule of the schedule."""
+  from models import pipeline  # pylint: disable=g-import-not-at-top
   k, m = settings.pp, settings.microbatches
   each = pipeline.send_bytes(settings.batch // m // plan.X, settings.seq,
                              cfg.d_model // plan.Y)

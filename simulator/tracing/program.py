@@ -39,6 +39,7 @@ from models import scopes
 from models.scopes import scopes_of
 from simulator.tracing import loops, mesh_class, windowed
 from simulator.tracing.batch_probe import carries_batch, matmul_kind
+from simulator.tracing.conditions import Condition, SizeTest
 from simulator.tracing.trace import fusible
 
 _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
@@ -46,43 +47,6 @@ _UNARY = {"convert_element_type", "transpose", "copy", "copy_p", "name",
           "optimization_barrier"}
 _REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
            "reduce_and", "reduce_or", "argmax", "argmin"}
-
-
-@dataclasses.dataclass(frozen=True)
-class SizeTest:
-  """Whether p < q (or, with `want` False, not), two per-device figures
-  read at the traced mesh and batch, each scaling as (X/X0)^x · (Y/Y0)^y ·
-  (T/T0)^t at another mesh of the class and another global token count T:
-  a choice the SPMD partitioner makes by sizes (`_Walker._grouped_side`)."""
-
-  p: float
-  px: int
-  py: int
-  pt: int
-  q: float
-  qx: int
-  qy: int
-  qt: int
-  want: bool = True
-
-  def holds(self, t: float = 1.0, x: float = 1.0, y: float = 1.0) -> bool:
-    p = self.p * x ** self.px * y ** self.py * t ** self.pt
-    q = self.q * x ** self.qx * y ** self.qy * t ** self.qt
-    return (p < q) == self.want
-
-
-@dataclasses.dataclass(frozen=True)
-class Condition:
-  """When a collective is made: every test of `all_of` holds and no
-  conjunction of `none_of` does (an earlier gather of the value it would
-  share holds there)."""
-
-  all_of: tuple[SizeTest, ...] = ()
-  none_of: tuple[tuple[SizeTest, ...], ...] = ()
-
-  def holds(self, t: float = 1.0, x: float = 1.0, y: float = 1.0) -> bool:
-    every = lambda tests: all(s.holds(t, x, y) for s in tests)
-    return every(self.all_of) and not any(map(every, self.none_of))
 
 
 @dataclasses.dataclass
@@ -1160,3 +1124,15 @@ def read_for_plan(traced, plan, windowed_einsum: bool = True) -> Program:
       chip.windowed_einsum_contraction if windowed_einsum else 0,
       dcn_replicas=(chip.kind == "tpu" and plan.D > 1
                     and plan.topology.hosts > 1))
+
+
+def collectives(traced, plan=None) -> list[Collective]:
+  """Every collective the traced step's shardings imply.
+
+  The mesh sizes are read from the program itself; a `plan`
+  (meshes.layout.MeshPlan) says by its chip which compiler runs it
+  (XLA:GPU, or libtpu with its windowed einsum: `read_for_plan`).
+  """
+  if plan is None:
+    return read_traced(traced).made()
+  return read_for_plan(traced, plan).made()
