@@ -16,7 +16,6 @@ from models.registry import load_model
 from simulator.tracing.batch_probe import PROBE, carries_batch
 from simulator import memory
 from simulator.memory import liveness, xla_rules
-from simulator.memory.points import kept_orders
 from simulator.settings import TrainSettings
 from simulator.step import device_shape
 from simulator.tracing.program import subjaxprs
@@ -544,20 +543,6 @@ def test_the_output_projection_gradient_is_deferred(x, y):
                          + points.linear[i]))
   assert any(scopes.LOSS in b.scopes and b.dtype == "float32"
              and len(b.shape) == 3 for b in live)
-
-
-def test_the_deferred_order_over_the_limit_is_dropped():
-  """The rematerialized-logits rule: the deferred order goes where it is
-  over XLA's limit and the traced one is not; the traced order over it
-  with the deferred under keeps both (XLA was seen recomputing the
-  logits, nothing else); both over, or no limit: both kept."""
-  kept = kept_orders
-  assert kept({"deferred": 101, "traced": 90}, 100) == ("traced",)
-  assert kept({"deferred": 100, "traced": 90}, 100) == ("deferred", "traced")
-  assert kept({"traced": 101, "deferred": 90}, 100) == ("traced", "deferred")
-  assert kept({"deferred": 120, "traced": 101}, 100) == ("deferred", "traced")
-  assert kept({"deferred": 120, "traced": 90}, None) == ("deferred", "traced")
-  assert kept({"deferred": 120}, 100) == ("deferred",)
 
 
 @pytest.mark.parametrize("chunks", [1, 4])
