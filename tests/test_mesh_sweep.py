@@ -161,6 +161,25 @@ def test_bad_flags_one_line_exit_2_before_work(args, needle, tmp_path):
   assert not list(tmp_path.iterdir())  # no run folder: nothing started
 
 
+def _sweep_importing(args: list[str], modules: tuple[str, ...]):
+  """mesh_sweep with `args` in a fresh interpreter: (its process, which of
+  `modules` it imported)."""
+  probe = "\n".join([
+      "import runpy, sys",
+      f"sys.argv = ['mesh_sweep', *{args!r}]",
+      "try:",
+      "  runpy.run_module('experiments.mesh_sweep', run_name='__main__')",
+      "except SystemExit as e:",
+      "  assert not e.code, e.code",
+      f"print(sorted(m for m in {modules!r} if m in sys.modules), "
+      "file=sys.stderr)"])
+  p = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                     capture_output=True, text=True, timeout=60)
+  assert p.returncode == 0, p.stderr
+  return p, p.stderr.strip().splitlines()[-1]
+
+
 def test_a_sweep_read_from_its_cache_imports_no_jax(tmp_path):
   """A repeated sweep answers from its cache without importing jax, flax,
   optax or the estimators (meshes.quiet.quiet_jax_import, simulator.search),
@@ -171,21 +190,11 @@ def test_a_sweep_read_from_its_cache_imports_no_jax(tmp_path):
   cold = _cli(*args, "--run_name=first")
   assert cold.returncode == 0
   assert "evaluated: 0 of 6 records from the cache" in cold.stdout
-  probe = "\n".join([
-      "import runpy, sys",
-      f"sys.argv = ['mesh_sweep', *{args!r}, '--run_name=second']",
-      "try:",
-      "  runpy.run_module('experiments.mesh_sweep', run_name='__main__')",
-      "except SystemExit as e:",
-      "  assert not e.code, e.code",
-      "print(sorted(m for m in ('jax', 'flax', 'optax', "
-      "'simulator.memory.estimate', 'simulator.group_estimate') "
-      "if m in sys.modules), file=sys.stderr)"])
-  p = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
-                     env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                     capture_output=True, text=True, timeout=60)
-  assert p.returncode == 0, p.stderr
-  assert p.stderr.strip().splitlines()[-1] == "[]"
+  p, imported = _sweep_importing(
+      [*args, "--run_name=second"], ("jax", "flax", "optax",
+                                     "simulator.memory.estimate",
+                                     "simulator.group_estimate"))
+  assert imported == "[]"
   assert "evaluated: 6 of 6 records from the cache; 0 groups' traces read " \
       "from it as data; 0 traces" in p.stdout
   first, second = (_lines(str(tmp_path / "runs" / n))
@@ -203,21 +212,10 @@ def test_a_sweep_reading_its_groups_from_the_cache_imports_no_jax(tmp_path):
           f"--logdir={tmp_path / 'runs'}"]
   cache = f"--cache_dir={tmp_path / 'cache'}"
   assert _cli(*args, cache, "--run_name=first").returncode == 0
-  probe = "\n".join([
-      "import runpy, sys",
-      f"sys.argv = ['mesh_sweep', *{args!r}, {cache!r}, '--run_name=second',"
-      " '--hbm_fraction=0.5']",
-      "try:",
-      "  runpy.run_module('experiments.mesh_sweep', run_name='__main__')",
-      "except SystemExit as e:",
-      "  assert not e.code, e.code",
-      "print(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules),"
-      " file=sys.stderr)"])
-  p = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
-                     env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                     capture_output=True, text=True, timeout=60)
-  assert p.returncode == 0, p.stderr
-  assert p.stderr.strip().splitlines()[-1] == "[]"
+  p, imported = _sweep_importing(
+      [*args, cache, "--run_name=second", "--hbm_fraction=0.5"],
+      ("jax", "flax", "optax"))
+  assert imported == "[]"
   assert "evaluated: 0 of 6 records from the cache; 2 groups' traces read " \
       "from it as data; 0 traces" in p.stdout
   traced = _cli(*args, "--cache_dir=", "--run_name=third",
