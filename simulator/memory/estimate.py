@@ -36,7 +36,12 @@ Batch rescaling: every value's bytes are either fixed or linear in the
 global batch at a fixed mesh. The step is traced once, at the probe batch
 (simulator.tracing.batch_probe), which tells the two apart by shape;
 `estimate.at_batch(b)` is exact for any b the mesh divides, without
-retracing (`memory_report` does both).
+retracing (`from_trace.memory_report` does both); `summary_at(b)` gives its peak
+figures alone, what a sweep records.
+
+An estimate is data: simulator.memory.from_trace builds it from the traced
+step (that module needs jax; this one does not), and a sweep keeps it and
+reads it back without jax (simulator.group_estimate).
 """
 
 from __future__ import annotations
