@@ -27,6 +27,7 @@ from absl import flags
 from experiments import cli
 from meshes.hardware import GiB
 from meshes.layout import mesh_name
+from simulator.xla import xla_peak
 
 FLAGS = flags.FLAGS
 cli.define_model_flags()
@@ -68,7 +69,7 @@ VMEM_LINES = 4  # buffers XLA keeps in VMEM shown in the text report
 def _buffer_line(b: dict) -> str:
   """One xla_peak.LiveBuffer (as JSON): MiB, A for an argument, shape, op."""
   return (f"  {b['bytes'] / 2**20:10.2f} {'A' if b['argument'] else ' '} "
-          f"{b['shape'][:44]:<44} {b['op_name'][-70:]}")
+          f"{b['shape'][:44]:<44} {xla_peak.op_tail(b['op_name'], 70)}")
 
 
 def _pct(x) -> str:

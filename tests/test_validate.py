@@ -115,3 +115,4 @@ def test_a_compiler_failure_is_one_line():
   assert last.startswith("error: XLA could not compile the step for h100:8: "
                          "INTERNAL"), last
   assert "Traceback" not in p.stderr
+

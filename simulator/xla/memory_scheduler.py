@@ -49,6 +49,7 @@ import re
 from typing import Iterator
 
 from simulator.memory.tiling import tiled
+from simulator.xla.xla_peak import op_tail
 from simulator.xla.hlo_collectives import (DTYPE_BYTES, INSTRUCTION,
                                            computations, entry_name)
 
@@ -527,7 +528,7 @@ def describe(r: Replay, min_bytes: int) -> str:
     if ins.opcode == "while" or (size >= min_bytes
                                  and ins.opcode not in _IGNORED):
       out.append(f"  {i:5d} " + " ".join(f"{o.get(name, -1):5d}" for o in at)
-                 + f" {size / 2**30:8.3f}  {name:<28} {ins.op_name[-60:]}")
+                 + f" {size / 2**30:8.3f}  {name:<28} {op_tail(ins.op_name, 60)}")
   return "\n".join(out)
 
 

@@ -195,3 +195,13 @@ def read_peak(dump_dir: str, module: str) -> XlaPeak | None:
 
 
 VMEM_BUFFERS = 8  # the largest VMEM buffers kept
+
+
+def op_tail(op_name: str, width: int) -> str:
+  """The end of an HLO op_name that fits in `width`, cut at a "/" (the
+  scopes nearest the op say most), and its quotes as written in JAX."""
+  name = op_name.replace("\\'", "'")
+  if len(name) <= width:
+    return name
+  tail = name[-(width - 2):]
+  return "…/" + tail.split("/", 1)[1] if "/" in tail else "…" + tail[1:]
