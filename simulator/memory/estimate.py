@@ -36,8 +36,8 @@ Batch rescaling: every value's bytes are either fixed or linear in the
 global batch at a fixed mesh. The step is traced once, at the probe batch
 (simulator.tracing.batch_probe), which tells the two apart by shape;
 `estimate.at_batch(b)` is exact for any b the mesh divides, without
-retracing (`from_trace.memory_report` does both); `summary_at(b)` gives its peak
-figures alone, what a sweep records.
+retracing (`from_trace.memory_report` does both); `summary_at(b)` gives
+its peak figures alone, what a sweep records.
 
 An estimate is data: simulator.memory.from_trace builds it from the traced
 step (that module needs jax; this one does not), and a sweep keeps it and
@@ -126,8 +126,7 @@ class MemoryEstimate:
   phase_bytes: dict[str, int]  # the largest live set of each part
   traced_batch: int  # the batch `tensors` were traced at (the probe)
   tensors: tuple[Tensor, ...] = dataclasses.field(repr=False, default=())
-  points: Points | None = dataclasses.field(repr=False,
-                                                     default=None)
+  points: Points | None = dataclasses.field(repr=False, default=None)
   trainable_params: int = 0  # parameters the step trains (LoRA: adapters)
   # (stages, microbatches): the 1F1B rule on the traced GPipe step
   # (simulator.memory.schedule); None: the traced schedule as it is.

@@ -33,7 +33,6 @@ class LiveBuffer:
   hoisted: bool = False  # a weight stack made outside its loop
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Points:
   """The step's transient live bytes at each of its top-level equations'
