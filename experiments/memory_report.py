@@ -23,7 +23,8 @@ from models.params import num_params
 from simulator import formulas, memory
 from simulator.timing import roofline
 from simulator.memory import capacity, points
-from simulator.step import kv_heads_note, kv_heads_replicated
+from simulator.model_checks import kv_heads_replicated
+from simulator.step import kv_heads_note
 
 FLAGS = flags.FLAGS
 cli.define_model_flags()

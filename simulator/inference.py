@@ -53,7 +53,8 @@ from simulator.timing.comms import collective_time
 from simulator.tracing.program import read_program
 from simulator.serve_step import PHASES, ServeStep, build_serve_steps
 from simulator.settings import ServeSettings
-from simulator.step import device_bytes, device_shape, kv_heads_replicated
+from simulator.model_checks import kv_heads_replicated
+from simulator.step import device_bytes, device_shape
 
 PEAK_BUFFERS = 8
 

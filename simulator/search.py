@@ -295,7 +295,7 @@ class Sweep:
   def keep(self) -> None:
     """Puts what this sweep made and has not kept yet into the cache: its
     records, and its group estimators with what is live at each peak the
-    sweep asked for (liveness.Points as data)."""
+    sweep asked for (points.Points as data)."""
     self._keep_records()
     for key, est in self._fresh.items():
       self.cache.put_object("groups", key, est)

@@ -30,6 +30,7 @@ from models.registry import load_model
 from models.rules import FSDP_TP
 from simulator import formulas, memory
 from simulator.memory import estimate as estimate_module, liveness
+from simulator.memory.points import Points
 from simulator.settings import TrainSettings
 from simulator.tracing.batch_probe import PROBE
 from simulator.step import device_bytes
@@ -234,7 +235,7 @@ def _two_orders(deferred: int, traced: int, limit: int):
   """A synthetic estimate with no arguments, traced at batch 1: one point
   per schedule of the weight gradients, `deferred` and `traced` bytes a
   sequence, and XLA's rematerialization limit `limit`."""
-  points = liveness.Points(
+  points = Points(
       fixed=np.zeros(2, dtype=np.int64),
       linear=np.array([deferred, traced], dtype=np.int64),
       where=("backward Decoder/layers: scan",

@@ -9,7 +9,8 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from models.presets import PRESETS
 from simulator.settings import TrainSettings
-from simulator.step import build_step, kv_heads_note, kv_heads_replicated
+from simulator.model_checks import kv_heads_replicated
+from simulator.step import build_step, kv_heads_note
 from simulator.tracing.trace import trace
 
 MESH = AbstractMesh((4, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)

@@ -21,6 +21,7 @@ from simulator.tracing.batch_probe import PROBE
 from simulator.tracing.program import subjaxprs
 from simulator import memory
 from simulator.memory import liveness, xla_gpu_rules, xla_rules
+from simulator.memory.points import ORDERS
 from simulator.settings import TrainSettings
 from simulator.tracing.trace import made_by_backward, trace_probe
 from simulator.xla import crosscheck
@@ -293,8 +294,8 @@ def test_one_gpu_keeps_the_output_projection_gradient_in_place(
                              plan_mesh(parse_topology(topology), x, 1))
   assert set(est.points.order) == ({"deferred"} if deferred else set()) | {
       "traced", "late", "cublas"}
-  assert xla_gpu_rules.orders(liveness.ORDERS[:3], True) == ("traced", "late")
-  assert xla_gpu_rules.orders(liveness.ORDERS[:3], True,
+  assert xla_gpu_rules.orders(ORDERS[:3], True) == ("traced", "late")
+  assert xla_gpu_rules.orders(ORDERS[:3], True,
                               xla_gpu_rules.Sms(108, 8)) == ("traced", "memory")
 
 

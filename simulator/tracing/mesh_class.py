@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
+from simulator.model_checks import kv_heads_replicated
 from simulator.settings import TrainSettings
 
 if TYPE_CHECKING:  # simulator.tracing.trace imports simulator.step, which imports this
@@ -221,7 +222,7 @@ def class_key(cfg: ModelConfig, settings: TrainSettings,
   """What the traced program's structure depends on besides the model and
   settings (see the module doc). Raises simulator.step.PlanError for a mesh
   the step cannot lay out."""
-  from simulator.step import kv_heads_replicated, pad_vocab, step_rules
+  from simulator.step import pad_vocab, step_rules
   mesh = abstract_mesh(plan)
   rules, _, _ = step_rules(cfg, settings, mesh)
   padded, _ = pad_vocab(cfg, rules, mesh)
