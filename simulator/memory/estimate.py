@@ -173,30 +173,33 @@ class MemoryEstimate:
 
   def _peak_at(self, batch: int) -> tuple[int, int]:
     """(compiled-comparable peak, its point's index) at `batch`."""
-    arguments = sum(self._arguments.at_peak(batch, self.traced_batch)
-                    .values())
-    orders = _kept_orders(self.points, batch, self.traced_batch, arguments,
-                          self.remat_limit_bytes, self.left_out)
+    arguments, _, transient, index = self._peak(batch)
+    return sum(arguments.values()) + transient, index
+
+  def _peak(self, batch: int
+            ) -> tuple[dict[str, int], tuple[str, ...] | None, int, int]:
+    """(the arguments by at-peak category, the schedules the peak is taken
+    over, the transient bytes and the point index of the peak) at `batch`."""
+    arguments = self._arguments.at_peak(batch, self.traced_batch)
+    orders = _kept_orders(self.points, batch, self.traced_batch,
+                          sum(arguments.values()), self.remat_limit_bytes,
+                          self.left_out)
     transient, index = _transient(self.points, batch, self.traced_batch,
                                   self.one_f_one_b, orders)
-    return arguments + transient, index
+    return arguments, orders, transient, index
 
   def summary_at(self, batch: int) -> "PeakSummary":
     """`at_batch(batch)`'s peak, what is live there by category and where,
     without naming the tensors and buffers (a sweep asks at every config;
     at_batch names them for a report)."""
     self._check_batch(batch)
+    arguments, orders, transient, index = self._peak(batch)
     at_peak = {c: 0 for c in PEAK_CATEGORIES}
-    at_peak.update(self._arguments.at_peak(batch, self.traced_batch))
-    arguments = sum(at_peak.values())
-    orders = _kept_orders(self.points, batch, self.traced_batch, arguments,
-                          self.remat_limit_bytes, self.left_out)
-    transient, index = _transient(self.points, batch, self.traced_batch,
-                                  self.one_f_one_b, orders)
+    at_peak.update(arguments)
     for *_, category, b in _live_at_peak(self.points, index, batch,
                                          self.traced_batch, self.one_f_one_b):
       at_peak[category] += b
-    comparable = arguments + transient
+    comparable = sum(arguments.values()) + transient
     overhead = int(comparable * OVERHEAD_FRACTION)
     return PeakSummary(
         at_peak=at_peak, compiled_comparable_peak=comparable,
