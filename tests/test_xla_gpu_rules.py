@@ -252,6 +252,56 @@ def test_the_output_projection_gradient_is_reduced_late_on_a_gpu():
              and math.prod(b.shape) == vocab * d_model for b in live)
 
 
+def _one_gpu_step():
+  plan = plan_mesh(parse_topology("h100:1"), 1, 1)
+  return trace_probe(load_model("tiny"), TrainSettings(
+      batch=4, seq=128, optimizer="adafactor", precision="bf16"),
+      abstract_mesh(plan)).jaxpr.jaxpr
+
+
+def test_one_gpu_updates_the_output_projection_before_the_layers_backward():
+  """The eager-update rule's order: the output projection's update, and
+  the new parameter and state it writes, run after its gradient matmul and
+  before the layers' backward loop; nothing else moves."""
+  j = _one_gpu_step()
+  eager, written = xla_gpu_rules.eager_updates(j)
+  grad, reader, layers = _loss_grad_and_layers(eager)
+  assert len(eager.eqns) == len(j.eqns) and set(map(id, eager.eqns)) == set(
+      map(id, j.eqns))
+  made = {v: i for i, e in enumerate(eager.eqns) for v in e.outvars}
+  vocab, d_model = 256, 64
+  assert written and written <= set(j.outvars)
+  assert all(grad < made[v] < layers for v in written)
+  assert any(v.aval.shape == (d_model, vocab) for v in written)
+  # the layers' parameters' updates stay after their backward loop; before
+  # it only the new step count, made from the old one alone, joins them
+  early = {v for v in j.outvars if made.get(v, layers) < layers}
+  assert [v.aval.shape for v in early - written] == [()]
+  assert xla_gpu_rules.eager_updates(eager)[0] is eager  # nothing moves again
+
+
+def test_one_gpu_frees_the_output_projection_gradient_before_the_layers(
+    monkeypatch):
+  """On one GPU the output projection's f32 gradient is dead in the layers'
+  backward (XLA:GPU wrote its update into the parameter there, #26); with
+  the rule's order undone it is live there."""
+  j = _one_gpu_step()
+  vocab, d_model = 256, 64
+
+  def head_grad_live() -> bool:
+    points = liveness.simulate(j, 0, gpu=True, one_device=True)
+    inside = [i for i, w in enumerate(points.where)
+              if w.startswith("backward Decoder/layers")]
+    return any(scopes.LOSS in b.scopes and b.dtype == "float32"
+               and math.prod(b.shape) == vocab * d_model
+               for i in inside for b in points.live(i))
+
+  assert not head_grad_live()
+  monkeypatch.setattr(xla_gpu_rules, "eager_updates",
+                      lambda jaxpr: (jaxpr, frozenset()))
+  assert head_grad_live()
+
+
 def _final_norm_scale_grad(jaxpr) -> int:
   return next(i for i, e in enumerate(jaxpr.eqns)
               if xla_gpu_rules.weight_gradient_reduction(e)
@@ -288,13 +338,14 @@ def test_the_late_order_is_simulated_only_for_a_gpu():
 def test_one_gpu_keeps_the_output_projection_gradient_in_place(
     topology, x, deferred):
   """The one-device-order rule: on one GPU the deferred schedule is not
-  simulated, the traced and late ones are; on 8 GPUs all three."""
+  simulated, nor the late one (no collective; the eager-update rule), the
+  traced one is; on 8 GPUs all three."""
   est = memory.memory_report(load_model("tiny"),
                              TrainSettings(batch=x * 4, seq=128),
                              plan_mesh(parse_topology(topology), x, 1))
-  assert set(est.points.order) == ({"deferred"} if deferred else set()) | {
-      "traced", "late", "cublas"}
-  assert xla_gpu_rules.orders(ORDERS[:3], True) == ("traced", "late")
+  assert set(est.points.order) == (
+      {"deferred", "late"} if deferred else set()) | {"traced", "cublas"}
+  assert xla_gpu_rules.orders(ORDERS[:3], True) == ("traced",)
   assert xla_gpu_rules.orders(ORDERS[:3], True,
                               xla_gpu_rules.Sms(108, 8)) == ("traced", "memory")
 

@@ -119,9 +119,11 @@ class _Plan:
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           stacks: dict, held: dict | None = None, gpu: bool = False,
           sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False,
-          apart: bool = False, sole_matmul_in: bool = False) -> _Plan:
+          apart: bool = False, sole_matmul_in: bool = False,
+          written: frozenset = frozenset()) -> _Plan:
   # sole_matmul_in: xla_rules.fused_away's (off a GPU: XLA:GPU makes a
-  # GEMM's operand in a loop fusion of its own)
+  # GEMM's operand in a loop fusion of its own); written: in-place outputs
+  # written where they are made on a GPU too (xla_gpu_rules, eager updates)
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -178,9 +180,9 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       # xla_rules, written outputs: on a TPU an output written into the
       # caller's buffer is made where it is; on a GPU what it reads is held
       # to the body's end, as a fused value's is to its readers'.
-      if fused or (v in in_place and gpu):
+      if fused or (v in in_place and gpu and v not in written):
         size[v] = (0, 0)
-        end = last.get(v, i)
+        end = i if v in written else last.get(v, i)
         for u in eqn.invars:
           if isinstance(u, jcore.Var) and last.get(u, -1) < end:
             last[u] = end
@@ -282,9 +284,10 @@ class _Simulation:
   splits are the split-K matmuls there (`transient`)."""
 
   def __init__(self, gpu: bool = False,
-               sms: xla_gpu_rules.Sms | None = None):
+               sms: xla_gpu_rules.Sms | None = None, one_device: bool = False):
     self.gpu = gpu  # the target is a GPU: xla_gpu_rules apply
     self.sms = sms  # its SMs: the split-K rule applies (GPU only)
+    self.one_device = one_device  # the mesh is one device
     self.top = None  # id of the step's own jaxpr (simulate sets it)
     self.results: tuple = ()  # its outputs other than the new state
     self.plans: dict = {}
@@ -318,6 +321,9 @@ class _Simulation:
             xla_rules.defer_weight_grads(jaxpr, results=self.results))
       elif order == "late":
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
+      written = frozenset()
+      if top and self.gpu and self.one_device and order != "deferred":
+        jaxpr, written = xla_gpu_rules.eager_updates(jaxpr)
       if not self.gpu:
         jaxpr = xla_rules.reductions_where_made(jaxpr)
       if top and not self.gpu:
@@ -332,7 +338,7 @@ class _Simulation:
       plan = _plan(jaxpr, local, in_place_out, self.hoisted, stacks, held,
                    self.gpu, self.sms if self.gpu else None,
                    key[0] in self.looped, order == "cublas",
-                   sole_matmul_in=not self.gpu)
+                   sole_matmul_in=not self.gpu, written=written)
       gathered, replaced = xla_rules.gathered_operands(plan.jaxpr.eqns,
                                                        local, plan.size)
       plan.stacks.update(gathered)
@@ -604,12 +610,13 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
   GPU (simulator.memory.xla_gpu_rules), `sms` its SMs (the split-K rule;
   None: not applied); `one_device`: the mesh is one device. The step's own
   weight gradients (the output projection's) are simulated deferred and in
-  the traced order (on a GPU also with their collectives late, and on one
-  GPU not deferred: xla_gpu_rules), and the points of each kept, so the
+  the traced order (on a GPU also with their collectives late; on one GPU
+  neither deferred nor late, the updates they feed eager: xla_gpu_rules),
+  and the points of each kept, so the
   peak is the largest of the schedules XLA is seen to pick (xla_rules:
   deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  sim = _Simulation(gpu, sms)
+  sim = _Simulation(gpu, sms, one_device)
   sim.top = id(jaxpr)
   sim.results = tuple(jaxpr.outvars[donated_outputs:])
   in_place = tuple(xla_rules.donated_in_place(
