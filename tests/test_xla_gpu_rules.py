@@ -252,32 +252,35 @@ def test_the_output_projection_gradient_is_reduced_late_on_a_gpu():
              and math.prod(b.shape) == vocab * d_model for b in live)
 
 
-def _one_gpu_step():
-  plan = plan_mesh(parse_topology("h100:1"), 1, 1)
-  return trace_probe(load_model("tiny"), TrainSettings(
-      batch=4, seq=128, optimizer="adafactor", precision="bf16"),
-      abstract_mesh(plan)).jaxpr.jaxpr
+def _one_gpu_step(optimizer: str = "adafactor", chip: str = "h100"):
+  """The tiny model's step on one GPU and how many of its outputs are
+  written into donated buffers (the new parameters and state)."""
+  plan = plan_mesh(parse_topology(f"{chip}:1"), 1, 1)
+  traced = trace_probe(load_model("tiny"), TrainSettings(
+      batch=4, seq=128, optimizer=optimizer, precision="bf16"),
+      abstract_mesh(plan))
+  return traced.jaxpr.jaxpr, len(jax.tree.leaves(traced.step.params)) + len(
+      jax.tree.leaves(traced.step.opt_state))
 
 
 def test_one_gpu_updates_the_output_projection_before_the_layers_backward():
   """The eager-update rule's order: the output projection's update, and
   the new parameter and state it writes, run after its gradient matmul and
   before the layers' backward loop; nothing else moves."""
-  j = _one_gpu_step()
-  eager, written = xla_gpu_rules.eager_updates(j)
+  j, _ = _one_gpu_step()
+  eager = xla_gpu_rules.eager_updates(j)
   grad, reader, layers = _loss_grad_and_layers(eager)
-  assert len(eager.eqns) == len(j.eqns) and set(map(id, eager.eqns)) == set(
-      map(id, j.eqns))
+  assert set(map(id, eager.eqns)) == set(map(id, j.eqns))
+  assert _reads_after_made(eager)
   made = {v: i for i, e in enumerate(eager.eqns) for v in e.outvars}
   vocab, d_model = 256, 64
-  assert written and written <= set(j.outvars)
-  assert all(grad < made[v] < layers for v in written)
-  assert any(v.aval.shape == (d_model, vocab) for v in written)
-  # the layers' parameters' updates stay after their backward loop; before
-  # it only the new step count, made from the old one alone, joins them
   early = {v for v in j.outvars if made.get(v, layers) < layers}
-  assert [v.aval.shape for v in early - written] == [()]
-  assert xla_gpu_rules.eager_updates(eager)[0] is eager  # nothing moves again
+  # the head's new value and state, and the new step count (made from the
+  # old one alone); the layers' parameters' updates stay after their loop
+  assert sorted(v.aval.shape for v in early) == [
+      (), (d_model, vocab), (d_model, vocab)]
+  assert all(grad < made[v] for v in early if v.aval.shape)
+  assert xla_gpu_rules.eager_updates(eager) is eager  # nothing moves again
 
 
 def test_one_gpu_frees_the_output_projection_gradient_before_the_layers(
@@ -285,11 +288,11 @@ def test_one_gpu_frees_the_output_projection_gradient_before_the_layers(
   """On one GPU the output projection's f32 gradient is dead in the layers'
   backward (XLA:GPU wrote its update into the parameter there, #26); with
   the rule's order undone it is live there."""
-  j = _one_gpu_step()
+  j, donated = _one_gpu_step()
   vocab, d_model = 256, 64
 
   def head_grad_live() -> bool:
-    points = liveness.simulate(j, 0, gpu=True, one_device=True)
+    points = liveness.simulate(j, donated, gpu=True, one_device=True)
     inside = [i for i, w in enumerate(points.where)
               if w.startswith("backward Decoder/layers")]
     return any(scopes.LOSS in b.scopes and b.dtype == "float32"
@@ -297,9 +300,68 @@ def test_one_gpu_frees_the_output_projection_gradient_before_the_layers(
                for i in inside for b in points.live(i))
 
   assert not head_grad_live()
-  monkeypatch.setattr(xla_gpu_rules, "eager_updates",
-                      lambda jaxpr: (jaxpr, frozenset()))
+  monkeypatch.setattr(xla_gpu_rules, "eager_updates", lambda jaxpr: jaxpr)
   assert head_grad_live()
+
+
+def _reads_after_made(jaxpr) -> bool:
+  """Every value an equation reads is an argument, a literal or made
+  before it."""
+  made = set(jaxpr.invars) | set(jaxpr.constvars)
+  for e in jaxpr.eqns:
+    if not all(v in made for v in e.invars if isinstance(v, jcore.Var)):
+      return False
+    made.update(e.outvars)
+  return True
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit"])
+def test_the_update_runs_leaf_by_leaf_on_a_gpu(optimizer):
+  """The leaf-by-leaf rule's order: after the last loop, the equations that
+  depend on one gradient run together, one gradient after another; every
+  value is made before it is read; nothing before the loop moves."""
+  plan = plan_mesh(parse_topology("h100:8"), 4, 2)
+  j = trace_probe(load_model("tiny"), TrainSettings(
+      batch=8, seq=128, optimizer=optimizer), abstract_mesh(plan)).jaxpr.jaxpr
+  grouped = xla_gpu_rules.leaf_by_leaf(j)
+  start = max(i for i, e in enumerate(j.eqns) if xla_rules.is_loop(e)) + 1
+  assert grouped is not j and grouped.eqns[:start] == j.eqns[:start]
+  assert set(map(id, grouped.eqns)) == set(map(id, j.eqns))
+  assert _reads_after_made(grouped)
+  # the gradients the tail reads: values made before it that the batch reaches
+  state = xla_gpu_rules._state_only(j)
+  grads = {v for e in j.eqns[start:] for v in e.invars
+           if isinstance(v, jcore.Var) and v not in state
+           and any(v in f.outvars for f in j.eqns[:start])}
+  assert len(grads) > 4
+  on: dict = {}  # each tail value -> the gradients it depends on
+  keys = []  # each tail equation's
+  for e in grouped.eqns[start:]:
+    keys.append(frozenset().union(*(
+        {v} if v in grads else on.get(v, frozenset())
+        for v in e.invars if isinstance(v, jcore.Var))))
+    on.update((v, keys[-1]) for v in e.outvars)
+  alone = {k for k in keys if len(k) == 1}
+  assert len(alone) > 4
+  for g in alone:  # one stretch each: nothing of another gradient between
+    at = [k for k, key in enumerate(keys) if key == g]
+    assert all(keys[k] in (g, frozenset()) for k in range(at[0], at[-1]))
+
+
+def test_an_update_holds_one_leafs_moments_at_a_time_on_one_gpu(monkeypatch):
+  """With 8-bit AdamW on one GPU the update's largest live set is smaller
+  leaf by leaf than in optax's order (every leaf's new moments first)."""
+  j, donated = _one_gpu_step("adamw_8bit", "a100")
+
+  def update_peak() -> int:
+    points = liveness.simulate(j, donated, gpu=True, one_device=True)
+    after = [i for i, w in enumerate(points.where)
+             if not w.startswith(("forward", "backward"))]
+    return max(points.fixed[i] for i in after)
+
+  grouped = update_peak()
+  monkeypatch.setattr(xla_gpu_rules, "leaf_by_leaf", lambda jaxpr: jaxpr)
+  assert grouped < update_peak()
 
 
 def _final_norm_scale_grad(jaxpr) -> int:

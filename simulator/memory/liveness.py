@@ -123,7 +123,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           written: frozenset = frozenset()) -> _Plan:
   # sole_matmul_in: xla_rules.fused_away's (off a GPU: XLA:GPU makes a
   # GEMM's operand in a loop fusion of its own); written: in-place outputs
-  # written where they are made on a GPU too (xla_gpu_rules, eager updates)
+  # written where they are made on a GPU too (xla_gpu_rules, the step's
+  # written outputs)
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -179,7 +180,9 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
                   v in chained, chain_producers, sole_matmul_in)))
       # xla_rules, written outputs: on a TPU an output written into the
       # caller's buffer is made where it is; on a GPU what it reads is held
-      # to the body's end, as a fused value's is to its readers'.
+      # to the body's end, as a fused value's is to its readers', but for
+      # the step's own outputs (`written`: xla_gpu_rules, written step
+      # outputs).
       if fused or (v in in_place and gpu and v not in written):
         size[v] = (0, 0)
         end = i if v in written else last.get(v, i)
@@ -323,7 +326,11 @@ class _Simulation:
         jaxpr = xla_gpu_rules.late_gradient_collectives(jaxpr)
       written = frozenset()
       if top and self.gpu and self.one_device and order != "deferred":
-        jaxpr, written = xla_gpu_rules.eager_updates(jaxpr)
+        jaxpr = xla_gpu_rules.eager_updates(jaxpr)
+      if top and self.gpu:
+        jaxpr = xla_gpu_rules.leaf_by_leaf(jaxpr)
+        written = frozenset(v for v in in_place_out
+                            if isinstance(v, jcore.Var))
       if not self.gpu:
         jaxpr = xla_rules.reductions_where_made(jaxpr)
       if top and not self.gpu:

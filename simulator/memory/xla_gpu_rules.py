@@ -150,6 +150,33 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   -0.72/-0.77/-0.87/+2.05/+1.72%; a tied head (gpt2, qwen2-0.5b: its
                   gradient adds into the embedding's, made after the loop)
                   does not move.
+  leaf by leaf    what the step runs after its last loop (the optimizer's
+                  update) XLA:GPU runs one parameter at a time: in llama3_8b
+                  a100:1 b2 s4096 full adamw_8bit bf16 (#177) XLA's peak, at
+                  loop_divide_fusion.3, holds one leaf's f32 blocks (two
+                  f32[32,14336,2,2048], 7 GiB each) beside the arguments
+                  and gradients, where optax's tree maps make every leaf's
+                  new moments before any leaf's update, so the traced
+                  order holds each leaf's f32 moments (f32[32,4096,14336],
+                  7 GiB each) until its update. Simulated on every GPU
+                  plan: the equations after the last loop grouped by the
+                  values made before it (a gradient) they depend on, one
+                  group whole after another; what the parameters and state
+                  alone make runs in its readers' group.
+  written step    the step's new parameters and state are written into
+  outputs         their donated buffers where they are made, their operands
+                  dead there (#26: the head's new value loop_add_fusion.21
+                  at 84, its gradient and old value dead in the layers'
+                  backward after it; #177: each leaf's blocks dead after its
+                  own update), where a loop body's written values keep their
+                  operands to the body's end (xla_rules, written outputs).
+                  With the leaf-by-leaf rule: #177 +84.23% -> +25.71% (left:
+                  the quantization's search, an int32 [32,4096,7,2048]
+                  index and the f32 blocks gathered through it, which XLA
+                  fuses); no other GPU row moved. Held out after both:
+                  mistral_7b a100:1 names:qkv 8-bit AdamW (#180) +27.18%
+                  (+88.57% with the rules before session 43), llama2_7b
+                  a100:2x8 16x1 8-bit AdamW (#181) +5.90%.
   sunk loss       the sunk-loss rule (xla_rules, deferred weight gradients)
   on a GPU        holds on an H100 too: in llama3_8b h100:2x8 16x1 b32
                   loss_chunks=4 (#41) the chunked loss's forward loop, which
@@ -526,16 +553,27 @@ def orders(simulated: tuple[str, ...], one_device: bool,
                if not (one_device and o in ("deferred", "late")))
 
 
-def eager_updates(jaxpr) -> tuple[object, frozenset]:
+def _state_only(jaxpr) -> set:
+  """The step's values its batch does not reach: made from the parameters,
+  the optimizer's state and literals alone (a dequantized moment, the
+  step count's scalars), at any position in the step."""
+  found = {v for v in (*jaxpr.invars, *jaxpr.constvars)
+           if not carries_batch(v.aval.shape)}
+  for e in jaxpr.eqns:
+    if all(v in found for v in e.invars if isinstance(v, jcore.Var)):
+      found.update(e.outvars)
+  return found
+
+
+def eager_updates(jaxpr):
   """`jaxpr` (the step's own) with the optimizer's update of each parameter
   whose gradient a matmul outside the loops makes (the output
-  projection's), and what is made from that gradient and the step's
-  arguments alone, moved to just after that matmul; what the arguments
-  alone make (the step count's scalars) runs before them where they read
-  it (the eager-update rule, one GPU); and the step's outputs those moved
-  equations make, written where they are made."""
+  projection's), what is made from that gradient and the step's state
+  alone, moved to just after that matmul; what the state alone makes (the
+  step count's scalars) runs before them where they read it (the
+  eager-update rule, one GPU). Itself when nothing moves."""
   eqns = jaxpr.eqns
-  free = set(jaxpr.invars) | set(jaxpr.constvars)  # the arguments' alone
+  free = _state_only(jaxpr)
   producer: dict = {}
   anchor: dict = {}  # a value made from a gradient -> its matmul's index
   moved: dict[int, int] = {}  # equation -> the matmul it runs after
@@ -548,12 +586,8 @@ def eager_updates(jaxpr) -> tuple[object, frozenset]:
         v in anchor or v in free for v in reads) and not xla_rules.is_loop(e):
       moved[i] = max(anchor[v] for v in reads if v in anchor)
       anchor.update((v, moved[i]) for v in e.outvars)
-    elif all(v in free for v in reads):
-      free.update(e.outvars)
-  written = frozenset(v for k in moved for v in eqns[k].outvars) & set(
-      v for v in jaxpr.outvars if isinstance(v, jcore.Var))
   if not moved:
-    return jaxpr, written
+    return jaxpr
   first = min(moved.values())
   needed: set = set()
   stack = [v for k in moved for v in eqns[k].invars
@@ -569,8 +603,48 @@ def eager_updates(jaxpr) -> tuple[object, frozenset]:
   order = [k for i in range(len(eqns)) if i not in moved and i not in needed
            for k in (i, *after.get(i, ()))]
   if order == list(range(len(eqns))):
-    return jaxpr, written  # each already where its gradient is made
-  return jaxpr.replace(eqns=[eqns[k] for k in order]), written
+    return jaxpr  # each already where its gradient is made
+  return jaxpr.replace(eqns=[eqns[k] for k in order])
+
+
+def leaf_by_leaf(jaxpr):
+  """`jaxpr` (the step's own) with what runs after its last loop regrouped
+  by the values made before it that each equation depends on (a
+  parameter's gradient): one group whole after another, those depending on
+  no such value first, then each gradient's in the order the program first
+  meets it, then those depending on several; an equation the step's
+  arguments alone make runs in its readers' group where they are all in one
+  (the leaf-by-leaf update rule). Itself when nothing moves."""
+  eqns = jaxpr.eqns
+  loops_at = [i for i, e in enumerate(eqns) if xla_rules.is_loop(e)]
+  if not loops_at:
+    return jaxpr
+  start = loops_at[-1] + 1
+  before = {v for e in eqns[:start] for v in e.outvars} - _state_only(jaxpr)
+  deps: dict = {}
+  key: dict[int, frozenset] = {}
+  readers: dict = {}
+  for i in range(start, len(eqns)):
+    found: set = set()
+    for v in eqns[i].invars:
+      if isinstance(v, jcore.Var):
+        readers.setdefault(v, []).append(i)
+        found |= {v} if v in before else deps.get(v, frozenset())
+    key[i] = frozenset(found)
+    deps.update((v, key[i]) for v in eqns[i].outvars)
+  for i in range(len(eqns) - 1, start - 1, -1):
+    if not key[i]:
+      theirs = {key[k] for v in eqns[i].outvars for k in readers.get(v, ())}
+      if len(theirs) == 1:
+        key[i] = theirs.pop()
+  first: dict = {}
+  for i in range(start, len(eqns)):
+    first.setdefault(key[i], i)
+  tail = sorted(range(start, len(eqns)),
+                key=lambda i: (min(len(key[i]), 2), first[key[i]], i))
+  if tail == list(range(start, len(eqns))):
+    return jaxpr
+  return jaxpr.replace(eqns=[*eqns[:start], *(eqns[i] for i in tail)])
 
 
 def early_loop_outputs(jaxpr, size: dict) -> dict:
