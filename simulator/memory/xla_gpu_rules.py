@@ -141,15 +141,15 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   GiB) to the update after the loop, and on a GPU a written
                   output's operands to the step's end: #26 +3.39% ->
                   +1.72%. Simulated in every schedule on one GPU (the
-                  update, what it reads that only the step's arguments make,
-                  and the outputs it writes, where they are made), and the
+                  update, and what it reads that the parameters and state
+                  alone make, where the gradient is made), and the
                   late schedule is not (no collective to be late); #35
                   +3.17% -> +1.51%. Held out (compiled before the rule, their
                   dumps not read): #27-#30, #172-#174, #176, +8.51/+6.51/
                   +6.71/-0.04/-0.09/-0.46/+3.18/+3.39% -> +3.28/+5.37/+5.63/
-                  -0.72/-0.77/-0.87/+2.05/+1.72%; a tied head (gpt2, qwen2-0.5b: its
-                  gradient adds into the embedding's, made after the loop)
-                  does not move.
+                  -0.72/-0.77/-0.87/+2.05/+1.72%; a tied head (gpt2,
+                  qwen2-0.5b: its gradient adds into the embedding's, made
+                  after the loop) does not move.
   leaf by leaf    what the step runs after its last loop (the optimizer's
                   update) XLA:GPU runs one parameter at a time: in llama3_8b
                   a100:1 b2 s4096 full adamw_8bit bf16 (#177) XLA's peak, at
@@ -542,10 +542,10 @@ def orders(simulated: tuple[str, ...], one_device: bool,
   """The schedules of the step's own weight gradients simulated on a GPU:
   all of `simulated`, or on one device all but the deferred one (the one-
   device-order rule) and the late one (no collective to be late; the
-  eager-update rule instead); where XLA:GPU's latency-hiding scheduler does not run
-  (`sms` older than Hopper), the deferred one and the memory scheduler's
-  two placements of the loops' zero-filled outputs, the traced one and
-  "memory" (the memory-scheduler-order rule), not the late one."""
+  eager-update rule instead); where XLA:GPU's latency-hiding scheduler
+  does not run (`sms` older than Hopper), the deferred one and the memory
+  scheduler's two placements of the loops' zero-filled outputs, the traced
+  one and "memory" (the memory-scheduler-order rule), not the late one."""
   if sms is not None and not sms.latency_hiding:
     simulated = tuple(o for o in ("deferred", "traced")
                       if o in simulated) + ("memory",)
@@ -580,7 +580,7 @@ def eager_updates(jaxpr):
   for i, e in enumerate(eqns):
     reads = [v for v in e.invars if isinstance(v, jcore.Var)]
     producer.update((v, i) for v in e.outvars)
-    if xla_rules._matmul_kind(e) == "weight_grad":
+    if xla_rules.matmul_kind_of(e) == "weight_grad":
       anchor.update((v, i) for v in e.outvars)
     elif any(v in anchor for v in reads) and all(
         v in anchor or v in free for v in reads) and not xla_rules.is_loop(e):
@@ -592,7 +592,7 @@ def eager_updates(jaxpr):
   needed: set = set()
   stack = [v for k in moved for v in eqns[k].invars
            if isinstance(v, jcore.Var) and v in free]
-  while stack:  # the argument-only values they read, made after `first`
+  while stack:  # the state-only values they read, made after `first`
     k = producer.get(stack.pop())
     if k is not None and k > first and k not in needed:
       needed.add(k)
@@ -612,9 +612,9 @@ def leaf_by_leaf(jaxpr):
   by the values made before it that each equation depends on (a
   parameter's gradient): one group whole after another, those depending on
   no such value first, then each gradient's in the order the program first
-  meets it, then those depending on several; an equation the step's
-  arguments alone make runs in its readers' group where they are all in one
-  (the leaf-by-leaf update rule). Itself when nothing moves."""
+  meets it, then those depending on several; an equation the parameters
+  and state alone make runs in its readers' group where they are all in
+  one (the leaf-by-leaf update rule). Itself when nothing moves."""
   eqns = jaxpr.eqns
   loops_at = [i for i, e in enumerate(eqns) if xla_rules.is_loop(e)]
   if not loops_at:

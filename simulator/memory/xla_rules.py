@@ -915,7 +915,7 @@ def absorbs(eqn) -> bool:
   return loop_fusible(eqn) or is_view(eqn) or eqn.primitive.name in _REDUCE_OPS
 
 
-def _matmul_kind(eqn) -> str | None:
+def matmul_kind_of(eqn) -> str | None:
   """simulator.tracing.batch_probe.matmul_kind of a dot_general (None otherwise)."""
   if eqn.primitive.name != "dot_general":
     return None
@@ -941,14 +941,14 @@ def logits_recomputable(jaxpr) -> bool:
   if any(on_host(v.aval) for e in jaxpr.eqns if is_loop(e)
          for v in e.outvars):  # a layer loop's residual stacks in host memory
     return False
-  return any(_matmul_kind(e) == "weight_grad"
+  return any(matmul_kind_of(e) == "weight_grad"
              and scopes.LOSS in scopes.scopes_of(e.source_info.name_stack)
              for e in jaxpr.eqns)
 
 
 def activation_matmul(eqn) -> bool:
   """A matmul whose result carries the batch (not a weight gradient)."""
-  return _matmul_kind(eqn) in ("weight", "activation")
+  return matmul_kind_of(eqn) in ("weight", "activation")
 
 
 def fused_away(eqn, v, readers: list, through_views: list, local: bool,
@@ -1069,7 +1069,7 @@ def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False,
     one = lambda u: len({id(c) for c in readers(u)}) == 1
     if (activation_matmul(eqn) and not narrowed_only
         and (in_loop or not partial_sums(eqn))) or (
-        _matmul_kind(eqn) == "weight_grad" and one(eqn.outvars[0])
+        matmul_kind_of(eqn) == "weight_grad" and one(eqn.outvars[0])
         and (in_loop or not partial_sums(eqn))
         and _narrowed(next(iter(readers(eqn.outvars[0]))), readers)) or (
         (elementwise(eqn) and not widening(eqn) or is_view(eqn))
@@ -1470,7 +1470,7 @@ def defer_weight_grads(jaxpr, keep_matmuls: bool = False, also=None,
                 if eqns[i].primitive.name == "scan"}
   for i, e in enumerate(eqns):
     reads = [v for v in e.invars if isinstance(v, jcore.Var)]
-    seed = (_matmul_kind(e) == "weight_grad" or (also is not None and also(e))
+    seed = (matmul_kind_of(e) == "weight_grad" or (also is not None and also(e))
             or any(v in loop_grads for v in reads) or i in loss_loops)
     if seed and keep_matmuls:
       made.update(e.outvars)
