@@ -331,8 +331,7 @@ def _kept_orders(points: Points, batch: int, traced_batch: int,
   peaks = {o: b for o, b in _order_peaks(points, batch, traced_batch,
                                          arguments).items()
            if o not in left_out}
-  return tuple(peaks) if limit is None else kept_orders(peaks,
-                                                                  limit)
+  return tuple(peaks) if limit is None else kept_orders(peaks, limit)
 
 
 def _order_peaks(points: Points, batch: int, traced_batch: int,

@@ -619,9 +619,8 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
   weight gradients (the output projection's) are simulated deferred and in
   the traced order (on a GPU also with their collectives late; on one GPU
   neither deferred nor late, the updates they feed eager: xla_gpu_rules),
-  and the points of each kept, so the
-  peak is the largest of the schedules XLA is seen to pick (xla_rules:
-  deferred weight gradients)."""
+  and the points of each kept, so the peak is the largest of the schedules
+  XLA is seen to pick (xla_rules: deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   sim = _Simulation(gpu, sms, one_device)
   sim.top = id(jaxpr)
