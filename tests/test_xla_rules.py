@@ -731,22 +731,42 @@ def test_the_dequantized_8bit_moments_are_made_first():
   assert sorted(map(id, moved.eqns)) == sorted(map(id, j.eqns))
 
 
-def test_every_tpu_schedule_makes_the_dequantized_moments_first():
+def test_every_v5e_schedule_makes_the_dequantized_moments_first():
   """The early-dequantized-state rule holds in the deferred schedule too,
   not only in the traced one (the deferred rule rewrites the step's jaxpr
-  first; the rule still applies to the step's own)."""
-  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  first; the rule still applies to the step's own), on v5e; on v5p and
+  v6e the dequantization stays after the backward pass, where the program
+  has it."""
   j = trace_probe(load_model("gpt2"), TrainSettings(
-      batch=8, seq=128, optimizer="adamw_8bit"), abstract_mesh(plan)).jaxpr
-  j = j.jaxpr
-  sim = liveness._Simulation()
-  sim.top = id(j)
-  for order in ("deferred", "traced"):
-    eqns = sim.plan(j, False, (), order).jaxpr.eqns
-    first = [e for e in eqns[:8] if e.primitive.name == "shard_map"]
-    assert first and not any(made_by_backward(e) for e in eqns[:8]), order
-    assert all(v.aval.dtype == jnp.float32 for e in first
-               for v in e.outvars), order
+      batch=8, seq=128, optimizer="adamw_8bit"),
+      abstract_mesh(plan_mesh(parse_topology("v5p-8"), 4, 1))).jaxpr.jaxpr
+  for chip in ("v5e", "v5p", "v6e"):
+    early = xla_rules.dequantizes_early(chip)
+    assert early == (chip == "v5e")
+    sim = liveness._Simulation(dequantize_early=early)
+    sim.top = id(j)
+    for order in ("deferred", "traced"):
+      eqns = sim.plan(j, False, (), order).jaxpr.eqns
+      first = [e for e in eqns[:8] if e.primitive.name == "shard_map"
+               and all(v.aval.dtype == jnp.float32 for v in e.outvars)]
+      assert bool(first) == early, (chip, order)
+      assert not any(made_by_backward(e) for e in eqns[:8]), order
+
+
+def test_the_chip_decides_where_the_8bit_moments_are_dequantized():
+  """The estimate passes its chip to the rule: gpt2's 8-bit step on a v5e
+  mesh holds the f32 moments through its forward pass, the same step on v5p
+  does not, so its peak is lower by at least one dequantized moment."""
+  settings = TrainSettings(batch=8, seq=128, optimizer="adamw_8bit")
+  peaks = {}
+  for topo in ("v5e-4", "v5p-8"):
+    plan = plan_mesh(parse_topology(topo), 4, 1)
+    est = memory.estimate_memory(
+        trace_probe(load_model("gpt2"), settings, abstract_mesh(plan)), plan)
+    peaks[topo] = est.summary_at(est.batch).compiled_comparable_peak
+  # the smallest 8-bit moment: a [768] vector keeps f32 moments, the
+  # position embedding f32[1024, 192] is one dequantized moment a device
+  assert peaks["v5e-4"] - peaks["v5p-8"] >= 1024 * 192 * 4
 
 
 def test_a_fill_made_in_a_call_is_sunk_into_the_loop_reading_it():

@@ -126,8 +126,9 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
   gpu = plan.topology.chip.kind == "gpu"
   sms = (xla_gpu_rules.Sms(*gpu_target.sm_count_and_major(
       plan.topology.chip.name)) if gpu else None)
-  points = liveness.simulate(traced.jaxpr, donated, gpu=gpu, sms=sms,
-                             one_device=plan.chips == 1)
+  points = liveness.simulate(
+      traced.jaxpr, donated, gpu=gpu, sms=sms, one_device=plan.chips == 1,
+      dequantize_early=xla_rules.dequantizes_early(plan.topology.chip.name))
   rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
           else None)
   limit = (capacity.remat_limit_bytes(plan) if rule is None

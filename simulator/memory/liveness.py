@@ -287,8 +287,11 @@ class _Simulation:
   splits are the split-K matmuls there (`transient`)."""
 
   def __init__(self, gpu: bool = False,
-               sms: xla_gpu_rules.Sms | None = None, one_device: bool = False):
+               sms: xla_gpu_rules.Sms | None = None, one_device: bool = False,
+               dequantize_early: bool = True):
     self.gpu = gpu  # the target is a GPU: xla_gpu_rules apply
+    # the early-dequantized-state rule applies (TPU: xla_rules)
+    self.dequantize_early = dequantize_early and not gpu
     self.sms = sms  # its SMs: the split-K rule applies (GPU only)
     self.one_device = one_device  # the mesh is one device
     self.top = None  # id of the step's own jaxpr (simulate sets it)
@@ -333,7 +336,7 @@ class _Simulation:
                             if isinstance(v, jcore.Var))
       if not self.gpu:
         jaxpr = xla_rules.reductions_where_made(jaxpr)
-      if top and not self.gpu:
+      if top and self.dequantize_early:
         jaxpr = xla_rules.hoist_dequantized_state(jaxpr)
       if not self.gpu:
         jaxpr = xla_rules.prefetch_host_weights(jaxpr)
@@ -611,18 +614,21 @@ def hbm_traffic(jaxpr, local: bool = False, in_loop: bool = False
 
 def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
              sms: xla_gpu_rules.Sms | None = None,
-             one_device: bool = False) -> Points:
+             one_device: bool = False, dequantize_early: bool = True
+             ) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
   outputs are written into donated argument buffers; `gpu`: compiled for a
   GPU (simulator.memory.xla_gpu_rules), `sms` its SMs (the split-K rule;
-  None: not applied); `one_device`: the mesh is one device. The step's own
+  None: not applied); `one_device`: the mesh is one device;
+  `dequantize_early`: the TPU's schedules make 8-bit moments' f32 values
+  first (xla_rules.dequantizes_early). The step's own
   weight gradients (the output projection's) are simulated deferred and in
   the traced order (on a GPU also with their collectives late; on one GPU
   neither deferred nor late, the updates they feed eager: xla_gpu_rules),
   and the points of each kept, so the peak is the largest of the schedules
   XLA is seen to pick (xla_rules: deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  sim = _Simulation(gpu, sms, one_device)
+  sim = _Simulation(gpu, sms, one_device, dequantize_early)
   sim.top = id(jaxpr)
   sim.results = tuple(jaxpr.outvars[donated_outputs:])
   in_place = tuple(xla_rules.donated_in_place(

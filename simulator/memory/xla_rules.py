@@ -326,20 +326,28 @@ off (buffers live at the peak: `python -m experiments.validate ...
   early           what the optimizer's update computes from the step's
   dequantized     arguments alone and that is larger than what it reads (8-bit
   state           AdamW's moments: int8 codes and block scales turned into f32
-                  values, gather_fusion over the dynamic map) may be made
-                  before the forward pass: in llama3_8b v5e-32 16x2 b32
-                  adamw_8bit (#110) the four MLP moments'
-                  gather_fusion.11-.14, f32[58720256] (224 MiB each), run at
-                  schedule positions 140-188, before the forward loop
-                  while.315 at 398, and are live at XLA's peak in the loss
-                  with the f32 logits (-26.01% without the rule, +0.18% with
-                  it); in gpt2 v5p-8 4x1 (#81) and llama2_7b v5p-8 2x2 (#80)
-                  the gathers run after the backward loop (#81:
-                  gather_fusion.32 at 310, while.331 at 277). Which the
-                  scheduler does is not derived, so the bound is taken: the
-                  dequantized state is made at the step's start in every TPU
-                  schedule (#81 +6.05% -> +34.29%, #80 +2.64% -> +30.49%, an
-                  over-estimate; no other row moves).
+                  values, gather_fusion over the dynamic map) is made before
+                  the forward pass on v5e: in llama3_8b v5e-32 16x2 b32
+                  adamw_8bit (#110) the four MLP moments' gather_fusion.11-
+                  .14, f32[58720256] (224 MiB each), run at schedule
+                  positions 140-188, before the forward loop while.315 at
+                  398, and are live at XLA's peak in the loss with the f32
+                  logits (-26.01% without the rule, +0.18% with it). The
+                  memory scheduler does not put them there: in the module
+                  it wrote (the pass dump after hlo-memory-scheduler-with-
+                  brkga-fallback) the same gathers are at 139-188, after
+                  the backward loop while.312 at 115, the forward loop at
+                  54; a later pass of libtpu's final scheduler, its
+                  latency-hiding scheduler on v5e, runs the loops after
+                  them. On v5p and v6e the gathers stay after the backward:
+                  gpt2 v5p-8 4x1 (#81: gather_fusion.32 at 310, while.331
+                  at 277; its peak, fusion.289, holds no f32 moment) and
+                  llama2_7b v5p-8 2x2 (#80), and the held-out v5p and v6e
+                  rows come within 1.9% in the traced order without the
+                  rule (#143 +1.87%, #193 +0.41%, #217 +1.54%, #244
+                  +0.60%; with it +8.9% to +13.0%). So it applies on v5e,
+                  and as a bound on chips no dump has shown (v4, TPU7x;
+                  DEQUANTIZED_LATE lists those it does not);
   deferred weight a weight-gradient matmul is made as late as its readers
   gradients       allow: in a layer's backward after the attention backward
                   (the MLP's and attention's weight-gradient fusions come
@@ -1734,6 +1742,18 @@ def prefetch_host_weights(jaxpr):
   first = set(moved)
   return jaxpr.replace(eqns=[eqns[i] for i in moved]
                        + [e for i, e in enumerate(eqns) if i not in first])
+
+
+# TPU generations whose compiled schedules make 8-bit moments' dequantization
+# after the backward pass, where the program has it (the early-dequantized-
+# state rule: v5p dumps #80, #81; v6e rows #217, #244).
+DEQUANTIZED_LATE = ("v5p", "v6e")
+
+
+def dequantizes_early(chip: str) -> bool:
+  """Whether the early-dequantized-state rule applies on TPU `chip`
+  (meshes.hardware's chip name)."""
+  return chip not in DEQUANTIZED_LATE
 
 
 def hoist_dequantized_state(jaxpr):
