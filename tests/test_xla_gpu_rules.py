@@ -364,6 +364,41 @@ def test_an_update_holds_one_leafs_moments_at_a_time_on_one_gpu(monkeypatch):
   assert grouped < update_peak()
 
 
+def test_the_8bit_dequantization_is_fused_into_the_update_on_a_gpu(
+    monkeypatch):
+  """The inlined-calls rule: each 8-bit moment's dequantization, a
+  shard_map of a gather from the map times the block scales, is computed
+  inside the update's fusions on a GPU (no f32 moment or s32 index of its
+  own), so the update's largest live set is smaller than with the calls'
+  bodies run apart; a call whose result a matmul reads is not inlined, and
+  off a GPU none is."""
+  j, donated = _one_gpu_step("adamw_8bit", "a100")
+  sim = liveness._Simulation(gpu=True, one_device=True)
+  sim.top = id(j)
+  plan = sim.plan(j, False, (), "traced")
+  inlined = [e for e in plan.jaxpr.eqns if id(e) in plan.inlined
+             and e.primitive.name == "shard_map"]  # (and elementwise jits)
+  assert inlined
+  assert all(any(b.primitive.name == "gather" for b in e.params["jaxpr"].eqns)
+             and all(v.aval.dtype == jnp.float32 for v in e.outvars)
+             and plan.size[e.outvars[0]] == (0, 0) for e in inlined)
+  reads = lambda e: [c for c in plan.jaxpr.eqns
+                     if any(v in c.invars for v in e.outvars)]
+  assert not any(c.primitive.name == "dot_general" for e in inlined
+                 for c in reads(e))
+  assert not xla_gpu_rules.inlined_calls(j.eqns, lambda v: (), set(), False)
+
+  def update_peak() -> int:
+    points = liveness.simulate(j, donated, gpu=True, one_device=True)
+    after = [i for i, w in enumerate(points.where)
+             if not w.startswith(("forward", "backward"))]
+    return max(points.fixed[i] for i in after)
+
+  inlined_peak = update_peak()
+  monkeypatch.setattr(xla_gpu_rules, "inlined_calls", lambda *a: set())
+  assert inlined_peak < update_peak()
+
+
 def _final_norm_scale_grad(jaxpr) -> int:
   return next(i for i, e in enumerate(jaxpr.eqns)
               if xla_gpu_rules.weight_gradient_reduction(e)

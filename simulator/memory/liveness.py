@@ -114,6 +114,9 @@ class _Plan:
   splits: dict  # equation index -> its xla_gpu_rules.SplitMatmul
   # accumulation loop's index -> the buffers of its initial carry
   first_micro_batch: dict = dataclasses.field(default_factory=dict)
+  # ids of the calls computed inside their readers (xla_gpu_rules, inlined
+  # calls): their bodies make no buffer
+  inlined: set = dataclasses.field(default_factory=set)
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
@@ -163,6 +166,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
                | xla_gpu_rules.host_operands_in_place(eqns, readers, gpu))
   producer = {v: eqn for eqn in eqns for v in eqn.outvars}
   sunk = xla_gpu_rules.sunk_into_loops(eqns, readers, producer, gpu)
+  inlined = xla_gpu_rules.inlined_calls(eqns, readers, outs, gpu)
   chain_producers = xla_gpu_rules.chain_producers(producer, gpu)
   kept_apart, gradients = (xla_gpu_rules.cublas_logits(eqns) if apart
                            else (set(), set()))
@@ -174,7 +178,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
         size[v] = (0, 0)
         continue
       fused = v not in gradients and (
-          id(eqn) in hoisted or xla_rules.is_view(eqn) or v in sunk or (
+          id(eqn) in hoisted or id(eqn) in inlined or xla_rules.is_view(eqn)
+          or v in sunk or (
               v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
                   v in chained, chain_producers, sole_matmul_in)))
@@ -259,7 +264,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
                              for b in buffers_read(v)))
       for i, eqn in enumerate(eqns) if xla_rules.accumulation_loop(eqn)}
   return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits,
-               first_micro_batch)
+               first_micro_batch, inlined)
 
 
 def _free_when_gathered(plan: _Plan, replaced: dict) -> None:
@@ -427,7 +432,8 @@ class _Simulation:
     ats: list = []  # each equation's live bytes while it runs, so far
     for i, eqn, at in self._at_each(plan):
       inner = []
-      calls = [] if id(eqn) in plan.dead else xla_rules.calls(eqn, local)
+      calls = ([] if id(eqn) in plan.dead or id(eqn) in plan.inlined
+               else xla_rules.calls(eqn, local))
       if calls and (id(jaxpr) in self.looped or xla_rules.is_loop(eqn)):
         self.looped.update(id(sub) for sub, _, _ in calls)
       if calls and self.gpu and (
@@ -506,7 +512,7 @@ class _Simulation:
       split = plan.splits.get(i)
       if loop or not edges:
         points.append((*at, "", (), (split,) if split else ()))
-      if id(eqn) in plan.dead or loop:
+      if id(eqn) in plan.dead or id(eqn) in plan.inlined or loop:
         continue
       for sub, sub_local, in_place in xla_rules.calls(eqn, local):
         points += [(at[0] + f, at[1] + l, "", (), s) for f, l, s in

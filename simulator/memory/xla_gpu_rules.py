@@ -354,6 +354,27 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   written, #31-#36: 8x2, 4x2, 16x1, 8x1, 1x1 and 2x8 zero1 on
                   A100s): -2.06% to +5.49% (the rules before: +0.78% to
                   +23.28%).
+  inlined calls   a shard_map (or jit) body made only of elementwise ops,
+                  views, broadcasts and gathers, whose results only
+                  elementwise ops, views and reductions read, is computed
+                  inside its readers' loop fusions: XLA inlines the call
+                  before fusing, and XLA:GPU fuses a gather with the index
+                  arithmetic that makes its indices. 8-bit AdamW's
+                  dequantization (codes widened to s32, a gather from the
+                  256-value map, times the block's absmax) is a shard_map
+                  whose f32 moments the update reads: in llama3_8b a100:1
+                  b2 s4096 adamw_8bit bf16 (#177) one kLoop fusion,
+                  loop_divide_fusion.3 (fused_divide.3: convert.119,
+                  select_n.79, gather.18, mul.1427, then the moment update
+                  and its division by the new absmax), reads wo's u8 codes
+                  and f32[256] map and writes the two divided moments,
+                  f32[32,14336,2,2048], at XLA's peak; no s32 index or
+                  dequantized f32 moment is a buffer there, where the
+                  simulation held three 7 GiB ones (+25.71% -> +0.04%;
+                  held out, mistral_7b a100:1 names:qkv #180: +27.18% ->
+                  +0.04%). GPU only: TPU dumps make the dequantized
+                  moments gather_fusion outputs of their own (xla_rules,
+                  early dequantized state).
   host operands   a fusion reads an operand in host memory where it lies
   in place        (pinned host memory, S(5) in the layout): an offloaded
                   argument that only elementwise ops read is fetched into
@@ -490,6 +511,32 @@ def host_operands_in_place(eqns, readers, gpu: bool) -> set:
   return {v for e in eqns if xla_rules.fetches_host_value(e)
           for v in e.outvars
           if all(fusible(r) for r in readers(v))}
+
+
+# What else an inlined call's body may hold (the inlined-calls rule): the
+# ops XLA:GPU fuses into a loop fusion beside elementwise ones.
+_INLINED_OPS = {"gather", "broadcast_in_dim", "iota", "pvary"}
+
+
+def inlined_calls(eqns, readers, outs: set, gpu: bool) -> set:
+  """The inlined-calls rule: ids of the call equations among `eqns` whose
+  body XLA:GPU computes inside its results' readers (`readers(v)`: through
+  views; `outs`: the jaxpr's outputs, written whole); empty off a GPU."""
+  if not gpu:
+    return set()
+  found = set()
+  for e in eqns:
+    if e.primitive.name not in ("shard_map", "jit", "pjit", "closed_call"):
+      continue
+    bodies = [b for _, b in subjaxprs(e)]
+    if not bodies or not all(
+        fusible(b) or xla_rules.is_view(b) or b.primitive.name in _INLINED_OPS
+        for body in bodies for b in body.eqns):
+      continue
+    if all(v not in outs and (rs := list(readers(v)))
+           and all(map(xla_rules.absorbs, rs)) for v in e.outvars):
+      found.add(id(e))
+  return found
 
 
 def late_gradient_collectives(jaxpr):
