@@ -399,6 +399,34 @@ def test_the_8bit_dequantization_is_fused_into_the_update_on_a_gpu(
   assert inlined_peak < update_peak()
 
 
+def test_a_gpu_schedules_a_loop_body_as_it_schedules_the_step(monkeypatch):
+  """The one-schedule-per-module rule: on a GPU a loop's body runs in the
+  step's schedule (its weight gradients deferred only in the deferred
+  one), on a TPU deferred in every schedule; a call's body always in the
+  step's. One GPU simulates no deferred schedule, so its layers' backward
+  holds nothing for deferred weight gradients and its peak is lower than
+  with the TPU's bodies."""
+  j, donated = _one_gpu_step("adafactor", "h100")
+  loop = next(e for e in j.eqns if xla_rules.runs_whole(e))
+  call = next(e for e in j.eqns if xla_rules.calls(e, False)
+              and not xla_rules.is_loop(e))
+  for order in ("traced", "late", "memory", "cublas"):
+    assert liveness._inner_order(loop, order, True) == "traced"
+    assert liveness._inner_order(loop, order, False) == "deferred"
+    assert liveness._inner_order(call, order, True) == order
+  assert liveness._inner_order(loop, "deferred", True) == "deferred"
+
+  def peak() -> int:
+    points = liveness.simulate(j, donated, gpu=True, one_device=True)
+    return points.peak_at(1, 1)[0]
+
+  gpu_bodies = peak()
+  tpu_bodies = liveness._inner_order
+  monkeypatch.setattr(liveness, "_inner_order",
+                      lambda eqn, order, gpu: tpu_bodies(eqn, order, False))
+  assert gpu_bodies < peak()
+
+
 def _final_norm_scale_grad(jaxpr) -> int:
   return next(i for i, e in enumerate(jaxpr.eqns)
               if xla_gpu_rules.weight_gradient_reduction(e)

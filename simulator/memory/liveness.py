@@ -39,6 +39,7 @@ from simulator.memory import xla_gpu_rules, xla_rules
 from simulator.memory.points import (AUTOTUNED, ORDER_NOTES, ORDERS, Bytes,
                                      LiveBuffer, Points)
 from simulator.tracing import loops
+from simulator.tracing.program import subjaxprs
 from simulator.tracing.batch_probe import carries_batch
 from simulator.tracing.trace import made_by_backward
 
@@ -117,6 +118,9 @@ class _Plan:
   # ids of the calls computed inside their readers (xla_gpu_rules, inlined
   # calls): their bodies make no buffer
   inlined: set = dataclasses.field(default_factory=set)
+  # the schedule it was made for (ORDERS), which the bodies it runs follow
+  # (`_inner_order`): a body with nothing to defer shares the deferred plan
+  order: str = "deferred"
 
 
 def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
@@ -276,14 +280,22 @@ def _free_when_gathered(plan: _Plan, replaced: dict) -> None:
       plan.frees.setdefault(replaced[v], []).append(v)
 
 
-def _inner_order(eqn, order: str) -> str:
+def _inner_order(eqn, order: str, gpu: bool) -> str:
   """The schedule of the bodies `eqn` runs: XLA inlines a call and a loop
   of one iteration, so the step's schedule runs through them (#141: both
   inlined micro-batches of an accumulation in the traced order, each
   output projection's gradient right after its logits' gradient, in the
   optimized module's ENTRY); a loop's body is scheduled on its own, as the
-  deferred-weight-gradients rule reads it."""
-  return "deferred" if xla_rules.runs_whole(eqn) else order
+  deferred-weight-gradients rule reads it, on a TPU whatever the step's
+  schedule (the layer-body deferral bound). On a GPU the body runs in the
+  step's own: XLA:GPU's memory scheduler (DefaultMemoryScheduler) runs one
+  algorithm on every computation of the module and keeps the one whose
+  module heap is smallest, so a body's weight gradients are deferred in
+  the deferred schedule and in the traced order otherwise (xla_gpu_rules,
+  one schedule per module)."""
+  if not xla_rules.runs_whole(eqn):
+    return order
+  return "deferred" if not gpu or order == "deferred" else "traced"
 
 
 class _Simulation:
@@ -310,6 +322,7 @@ class _Simulation:
     # early scatter fill applies there as in the step (xla_gpu_rules)
     self.micro_batch: set = set()
     self.deferred: dict = {}  # id of a body -> it with weight grads deferred
+    self.same: dict = {}  # id of a body -> `_defers_nothing`
 
   def plan(self, jaxpr, local: bool, in_place_out,
            order: str = "deferred") -> _Plan:
@@ -321,7 +334,7 @@ class _Simulation:
     (xla_gpu_rules)."""
     top = id(jaxpr) == self.top  # the step's own jaxpr, in any schedule
     if (order == "traced" and not top and id(jaxpr) not in self.micro_batch
-        and self._deferred(jaxpr) is jaxpr):
+        and self._defers_nothing(jaxpr)):
       order = "deferred"  # a body with no weight gradient to defer: the same
     key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
@@ -367,8 +380,19 @@ class _Simulation:
       if self.gpu:
         plan.stacks.update(xla_gpu_rules.second_layouts(
             plan.jaxpr.eqns, plan.size, local))
+      plan.order = key[3]
       self.plans[key] = plan
     return self.plans[key]
+
+  def _defers_nothing(self, jaxpr) -> bool:
+    """Whether `jaxpr` is the same in the traced and the deferred schedule:
+    no weight gradient of its own to defer, and on a GPU, where the bodies
+    it runs follow its schedule (`_inner_order`), none in them either."""
+    if id(jaxpr) not in self.same:
+      self.same[id(jaxpr)] = self._deferred(jaxpr) is jaxpr and (
+          not self.gpu or all(self._defers_nothing(sub) for eqn in jaxpr.eqns
+                              for _, sub in subjaxprs(eqn)))
+    return self.same[id(jaxpr)]
 
   def _deferred(self, jaxpr):
     """A body (not the step's own jaxpr) with its weight gradients deferred
@@ -440,10 +464,10 @@ class _Simulation:
           xla_rules.accumulation_loop(eqn) or (
               id(jaxpr) in self.micro_batch and not xla_rules.is_loop(eqn))):
         self.micro_batch.update(id(sub) for sub, _, _ in calls)
+      inner_order = _inner_order(eqn, plan.order, self.gpu)
       for k, (sub, sub_local, in_place) in enumerate(calls):
         inner += [(f, l, w, (k, *path), s) for f, l, w, path, s in
-                  self.transient(sub, sub_local, in_place,
-                                 order=_inner_order(eqn, order))]
+                  self.transient(sub, sub_local, in_place, order=inner_order)]
       where = _where(eqn)
       other = {}  # the interleaved-micro-batches rule (xla_rules)
       if xla_rules.interleaved_micro_batches(eqn, id(jaxpr) == self.top):
@@ -457,8 +481,8 @@ class _Simulation:
       for f, l, w, path, s in _prune(inner) if inner else ():
         if other:  # the other waits at a loop's edge: on a TPU always, on
           # a GPU while this one is inside a loop (xla_rules)
-          edges = not self.gpu or self._in_loop(
-              calls[path[0]], path[1:], _inner_order(eqn, order))
+          edges = not self.gpu or self._in_loop(calls[path[0]], path[1:],
+                                                inner_order)
           s = (*s, other[edges])
         points.append((at[0] + f, at[1] + l, f"{where} > {w}", (i, *path),
                        s))
@@ -485,13 +509,14 @@ class _Simulation:
     """Whether the point `path` of the body `call` (jaxpr, local,
     in_place_out) is inside one of its loops' bodies."""
     sub, local, in_place = call
-    eqn = self.plan(sub, local, in_place, order).jaxpr.eqns[path[0]]
+    plan = self.plan(sub, local, in_place, order)
+    eqn = plan.jaxpr.eqns[path[0]]
     if len(path) == 1:
       return False
     if xla_rules.runs_whole(eqn):
       return True
     return self._in_loop(xla_rules.calls(eqn, local)[path[1]], path[2:],
-                         _inner_order(eqn, order))
+                         _inner_order(eqn, plan.order, self.gpu))
 
   def between_loops(self, jaxpr, local: bool = False, in_place_out=(),
                     order: str = "deferred", edges: bool = False
@@ -566,9 +591,10 @@ class _Simulation:
       if rest:
         sub, sub_local, in_place = xla_rules.calls(eqn, local)[rest[0]]
         back = backward or made_by_backward(eqn)
+        inner_order = _inner_order(eqn, plan.order, self.gpu)
         out += [dataclasses.replace(b, where=f"{_where(eqn)} > {b.where}")
                 for b in self.live_at(sub, rest[1:], sub_local, in_place,
-                                      back, _inner_order(eqn, order))]
+                                      back, inner_order)]
       return out
     raise ValueError(f"no program point {path}")
 

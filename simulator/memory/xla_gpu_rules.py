@@ -354,6 +354,25 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   written, #31-#36: 8x2, 4x2, 16x1, 8x1, 1x1 and 2x8 zero1 on
                   A100s): -2.06% to +5.49% (the rules before: +0.78% to
                   +23.28%).
+  one schedule    XLA:GPU's memory scheduler (DefaultMemoryScheduler,
+  per module      xla/hlo/transforms/simplifiers/hlo_memory_scheduler.cc)
+                  runs each of its list, DFS and post-order algorithms on
+                  every computation of the module and keeps the algorithm
+                  whose module heap (HeapSimulator::MinimumMemoryForModule)
+                  is smallest, so a loop's body is scheduled the way the
+                  step is: in the traced order its weight gradients run
+                  where the program makes them, where the TPU rules defer
+                  them past the attention's backward in every schedule (the
+                  layer-body deferral bound). In mistral_7b h100:1 b8 s4096
+                  adafactor bf16 (#29) the layers' backward body runs the
+                  MLP's weight-gradient GEMMs (gemm_fusion_dot.22-.25, body
+                  positions 75-85) before the attention's backward loop
+                  (while.39 at 113), and XLA's peak, in that loop, holds
+                  no MLP hidden value (+5.63% -> -0.46%). Only the one-GPU
+                  rows move (#27 +3.28% -> +0.07%, #28 +5.37% -> +0.17%,
+                  #26 +1.72% -> +0.54%, the dots rows by under a point,
+                  to -1.62% at most): elsewhere the deferred schedule,
+                  bodies deferred, is the larger one kept.
   inlined calls   a shard_map (or jit) body made only of elementwise ops,
                   views, broadcasts and gathers, whose results only
                   elementwise ops, views and reductions read, is computed
