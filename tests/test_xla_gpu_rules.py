@@ -348,20 +348,22 @@ def test_the_update_runs_leaf_by_leaf_on_a_gpu(optimizer):
     assert all(keys[k] in (g, frozenset()) for k in range(at[0], at[-1]))
 
 
+def _update_peak(j, donated: int) -> int:
+  """The largest live set of a one-GPU step's update (after both passes)."""
+  points = liveness.simulate(j, donated, gpu=True, one_device=True)
+  after = [i for i, w in enumerate(points.where)
+           if not w.startswith(("forward", "backward"))]
+  return max(points.fixed[i] for i in after)
+
+
 def test_an_update_holds_one_leafs_moments_at_a_time_on_one_gpu(monkeypatch):
   """With 8-bit AdamW on one GPU the update's largest live set is smaller
   leaf by leaf than in optax's order (every leaf's new moments first)."""
   j, donated = _one_gpu_step("adamw_8bit", "a100")
 
-  def update_peak() -> int:
-    points = liveness.simulate(j, donated, gpu=True, one_device=True)
-    after = [i for i, w in enumerate(points.where)
-             if not w.startswith(("forward", "backward"))]
-    return max(points.fixed[i] for i in after)
-
-  grouped = update_peak()
+  grouped = _update_peak(j, donated)
   monkeypatch.setattr(xla_gpu_rules, "leaf_by_leaf", lambda jaxpr: jaxpr)
-  assert grouped < update_peak()
+  assert grouped < _update_peak(j, donated)
 
 
 def test_the_8bit_dequantization_is_fused_into_the_update_on_a_gpu(
@@ -388,15 +390,9 @@ def test_the_8bit_dequantization_is_fused_into_the_update_on_a_gpu(
                  for c in reads(e))
   assert not xla_gpu_rules.inlined_calls(j.eqns, lambda v: (), set(), False)
 
-  def update_peak() -> int:
-    points = liveness.simulate(j, donated, gpu=True, one_device=True)
-    after = [i for i, w in enumerate(points.where)
-             if not w.startswith(("forward", "backward"))]
-    return max(points.fixed[i] for i in after)
-
-  inlined_peak = update_peak()
+  inlined_peak = _update_peak(j, donated)
   monkeypatch.setattr(xla_gpu_rules, "inlined_calls", lambda *a: set())
-  assert inlined_peak < update_peak()
+  assert inlined_peak < _update_peak(j, donated)
 
 
 def test_a_gpu_schedules_a_loop_body_as_it_schedules_the_step(monkeypatch):
