@@ -444,6 +444,18 @@ CASES: list[Case] = [
          precision="bf16"),
     Case("llama2_7b", "h100:2x8", "8x2", 32, 4096, "full", "adamw", GC,
          shard="zero1"),
+    # Held out in session 44, compiled after the inlined-calls and
+    # one-schedule-per-module rules: 8-bit AdamW on one A100 and on two
+    # A100 hosts, one-A100 steps of other models and optimizers.
+    Case("llama2_7b", "a100:1", "1x1", 2, 2048, "full", "adamw_8bit", GC,
+         precision="bf16"),
+    Case(QWEN2_0_5B, "a100:1", "1x1", 8, 2048, "dots", "adamw_8bit", GC),
+    Case(GEMMA_2B, "a100:1", "1x1", 4, 2048, "full", "adafactor", GC,
+         precision="bf16"),
+    Case("llama2_13b", "a100:1", "1x1", 2, 2048, "full", "sgd_momentum",
+         GC, precision="bf16"),
+    Case("llama3_8b", "a100:2x8", "8x2", 16, 4096, "full", "adamw_8bit",
+         GC),
 ]
 
 # Cases XLA:GPU (the pinned CUDA plugin) fails to compile, and its message:

@@ -746,4 +746,10 @@ CASES: list[Case] = [
     Case("llama2_13b", "v4-64", "8x4", 32, 2048, "full", "adamw", C),
     Case("llama2_13b", "v5e-64", "16x4", 32, 2048, "full", "adamw", C),
     Case("llama3_8b", "v6e-64", "8x8", 32, 2048, "full", "adamw", C),
+    # Held out in session 44 after the early-dequantized-state rule was
+    # held to v5e: 8-bit AdamW on v5p and v6e (the rule off) and on v5e
+    # (on).
+    Case("llama3_8b", "v5p-16", "8x1", 16, 2048, "full", "adamw_8bit", C),
+    Case(GEMMA_2B, "v6e-8", "8x1", 16, 2048, "full", "adamw_8bit", C),
+    Case(QWEN2_0_5B, "v5e-8", "8x1", 32, 2048, "full", "adamw_8bit", C),
 ]
