@@ -39,8 +39,8 @@ from simulator.memory import xla_gpu_rules, xla_rules
 from simulator.memory.points import (AUTOTUNED, ORDER_NOTES, ORDERS, Bytes,
                                      LiveBuffer, Points)
 from simulator.tracing import loops
-from simulator.tracing.program import subjaxprs
 from simulator.tracing.batch_probe import carries_batch
+from simulator.tracing.program import subjaxprs
 from simulator.tracing.trace import made_by_backward
 
 def _nbytes(aval, local: bool, in_hbm: bool = False) -> Bytes:

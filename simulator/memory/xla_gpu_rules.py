@@ -372,7 +372,9 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   rows move (#27 +3.28% -> +0.07%, #28 +5.37% -> +0.17%,
                   #26 +1.72% -> +0.54%, the dots rows by under a point,
                   to -1.62% at most): elsewhere the deferred schedule,
-                  bodies deferred, is the larger one kept.
+                  bodies deferred, is the larger one kept. Held out after
+                  (#190, #191): gemma-2b a100:1 adafactor +5.85%, llama2_13b
+                  a100:1 sgd_momentum +0.08%.
   inlined calls   a shard_map (or jit) body made only of elementwise ops,
                   views, broadcasts and gathers, whose results only
                   elementwise ops, views and reductions read, is computed
@@ -391,9 +393,10 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   dequantized f32 moment is a buffer there, where the
                   simulation held three 7 GiB ones (+25.71% -> +0.04%;
                   held out, mistral_7b a100:1 names:qkv #180: +27.18% ->
-                  +0.04%). GPU only: TPU dumps make the dequantized
-                  moments gather_fusion outputs of their own (xla_rules,
-                  early dequantized state).
+                  +0.04%; after it, #188 llama2_7b a100:1 -0.33%, #189
+                  qwen2-0.5b a100:1 +1.09%). GPU only: TPU dumps make the
+                  dequantized moments gather_fusion outputs of their own
+                  (xla_rules, early dequantized state).
   host operands   a fusion reads an operand in host memory where it lies
   in place        (pinned host memory, S(5) in the layout): an offloaded
                   argument that only elementwise ops read is fetched into

@@ -347,7 +347,10 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   rule (#143 +1.87%, #193 +0.41%, #217 +1.54%, #244
                   +0.60%; with it +8.9% to +13.0%). So it applies on v5e,
                   and as a bound on chips no dump has shown (v4, TPU7x;
-                  DEQUANTIZED_LATE lists those it does not);
+                  DEQUANTIZED_LATE lists those it does not). Held out after
+                  (#298-300): llama3_8b v5p-16 -0.94%, gemma-2b v6e-8
+                  +8.90% (its traced schedule), qwen2-0.5b v5e-8 +1.28%
+                  (-5.63% with the rule off);
   deferred weight a weight-gradient matmul is made as late as its readers
   gradients       allow: in a layer's backward after the attention backward
                   (the MLP's and attention's weight-gradient fusions come
