@@ -7,7 +7,7 @@ schedule's heap (simulator.xla.heap_replay).
       --dump_dir=/tmp/d --dump_passes=memory-scheduler
   python -m experiments.schedule_replay --dump_dir=/tmp/d
 
-(`validate` itself prints libtpu's estimates of the three schedules and
+(`validate` itself prints XLA's own estimates of the three schedules and
 which one it kept.)
 """
 

@@ -77,8 +77,9 @@ def _pct(x) -> str:
 
 
 def _scheduler_lines(s: dict, c: dict) -> list[str]:
-  """libtpu's memory-scheduler estimates beside the simulated schedules of
-  the weight gradients (README "Does the compiler agree?")."""
+  """XLA's memory-scheduler estimates (libtpu's, or XLA:GPU's) beside the
+  simulated schedules of the weight gradients (README "Does the compiler
+  agree?")."""
   from simulator.memory import points
   from simulator.xla import memory_scheduler
   lines = []
@@ -88,7 +89,7 @@ def _scheduler_lines(s: dict, c: dict) -> list[str]:
   if c.get("memory_scheduler"):
     simulated = ", ".join(f"{points.order_label(o)} {b / GiB:.3f}"
                           for o, b in s.get("schedule_peaks", {}).items())
-    lines.append(f"XLA's memory scheduler (libtpu's estimates, no "
+    lines.append(f"XLA's memory scheduler (its own estimates, no "
                  f"fragmentation): {memory_scheduler.summary(c['memory_scheduler'])}"
                  f"; simulated: {simulated} GiB")
   if c.get("replayed_schedules"):
@@ -205,8 +206,22 @@ def _print_oom(row: dict) -> None:
         f"{'fits (wrong)' if row['symbolic_fits'] else 'does not fit'}")
 
 
+def _request_gpu_scheduler_log() -> None:
+  """A deviceless GPU compile logs XLA:GPU's memory-scheduler estimates
+  where asked before jax loads (simulator.xla.memory_scheduler)."""
+  from meshes.topology import parse_topology
+  from simulator.xla import memory_scheduler
+  try:
+    gpu = parse_topology(FLAGS.topology).chip.kind == "gpu"
+  except ValueError:
+    return  # model_and_plan says what is wrong with it
+  if gpu and not FLAGS.execute_steps and FLAGS.target in (None, "gpu"):
+    memory_scheduler.request_gpu_log()
+
+
 def main(argv):
   del argv
+  _request_gpu_scheduler_log()  # before jax loads the CUDA plugin
   import jax
   cfg, plan = cli.model_and_plan()  # validates model, topology and mesh first
   topology, x, y = plan.topology, plan.X, plan.Y

@@ -41,6 +41,7 @@ from experiments.validation_corpus import DEFAULT_SETTINGS, PARTS
 from meshes.hardware import GiB
 from models.registry import load_model
 from simulator.memory import xla_rules
+from simulator.xla import memory_scheduler
 from simulator.xla.compiled import LIVE_SET
 
 FLAGS = flags.FLAGS
@@ -386,6 +387,9 @@ def main(argv):
              "corpus with libtpu's other scheduler: give --out=FILE (the "
              "corpus's own table holds the default's)")
   chosen = _chosen(FLAGS.only)
+  if FLAGS.corpus == "gpu":  # XLA:GPU's scheduler estimates in each row,
+    # from the worker processes (this one has loaded jax already)
+    memory_scheduler.request_gpu_log()
   pool = Pool(FLAGS.workers, FLAGS.ray_address)
   _say(f"compiling {len(chosen)} configs {pool.where}")
   rows: list = []

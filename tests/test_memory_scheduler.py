@@ -130,6 +130,38 @@ def test_logged_reads_only_what_libtpu_logged_during_the_block(
   assert nothing == {}
 
 
+def test_request_gpu_log_asks_xla_gpu_and_keeps_what_the_user_set(
+    monkeypatch):
+  monkeypatch.delenv("TF_CPP_VMODULE", raising=False)
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # jax's own default
+  assert not M.gpu_log_requested()
+  M.request_gpu_log()
+  assert os.environ["TF_CPP_VMODULE"] == "hlo_memory_scheduler=2"
+  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+  assert M.gpu_log_requested()
+  monkeypatch.setenv("TF_CPP_VMODULE", "spmd_partitioner=3")
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+  M.request_gpu_log()
+  assert os.environ["TF_CPP_VMODULE"] == "spmd_partitioner=3"
+  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+  assert not M.gpu_log_requested()
+
+
+def test_stderr_logged_reads_the_estimates_and_passes_warnings_on(capfd):
+  """What XLA:GPU writes to fd 2 during a compile: the estimates are read,
+  INFO messages (a multi-line one too) dropped, warnings written on."""
+  warning = "W1129 09:34:07.1  7 gpu_compiler.cc:1] something to see\n"
+  with M.stderr_logged() as got:
+    os.write(2, (LOG_25 + "I1129 09:34:07.2  7 subprocess_compilation.cc:349]"
+                 " ptxas warning : Registers are spilled\n\n" + warning
+                 + "a line of its own\n").encode())
+  assert got["chose"] == "dfs" and got["dfs"] == round(2.62 * 2**30)
+  assert capfd.readouterr().err == warning + "a line of its own\n"
+  with M.stderr_logged() as nothing:
+    pass
+  assert nothing == {}
+
+
 # mixtral_mini v5p-16 4x2 b64 s2048 full (`validate --dump_passes=memory-
 # scheduler`, session 37): XLA kept the list schedule. The module before the
 # pass (whole: the heap replay runs the loops' bodies) and the entry

@@ -85,6 +85,19 @@ def test_text_report_is_quiet_and_names_the_peak():
                    r"schedule", p.stdout), p.stdout
 
 
+def test_a_gpu_compile_reports_xla_gpu_s_own_estimates():
+  """A deviceless GPU compile logs XLA:GPU's memory-scheduler estimates
+  (asked for before jax loads the CUDA plugin) and the report prints them;
+  none of the INFO lines asked for reach the user."""
+  p = _run("--model=tiny", "--topology=a100:8", "--mesh=4x2", "--batch=8",
+           "--seq=128", "--format=json")
+  assert p.returncode == 0, p.stderr[-3000:]
+  got = json.loads(p.stdout)["compiled"]["memory_scheduler"]
+  assert set(got) == {"list", "dfs", "post order", "chose"}, got
+  assert got[got["chose"]] == min(got["list"], got["dfs"], got["post order"])
+  assert not re.search(r"^I\d{4} ", p.stderr, re.M), p.stderr[-2000:]
+
+
 def test_a_plan_over_hbm_is_an_answer():
   """XLA refuses llama2_7b on 4 chips at batch 32 without remat: the report
   says how much it needed, what XLA held at its peak as it refused (read

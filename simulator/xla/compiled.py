@@ -162,7 +162,8 @@ class CompiledReport:
   measured: dict[str, Any] | None = None  # GPU: run_steps' memory_stats figures
   xla_peak: xla_peak.XlaPeak | None = None  # TPU: what is live at the peak
   program: str = ""  # the compiled program's fingerprint (tracing.fingerprint)
-  # TPU: libtpu's memory-scheduler estimates and choice
+  # XLA's memory-scheduler estimates and choice: libtpu's, or on a GPU the
+  # CUDA plugin's where the process asked for them before jax loaded
   # (simulator.xla.memory_scheduler.read_log; {} where it logged none)
   memory_scheduler: dict = dataclasses.field(default_factory=dict)
   # TPU: each of its three schedules' heap replayed (`replayed_schedules`)
@@ -252,7 +253,9 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
     module = module_name(lowered)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
     try:
-      with memory_scheduler.logged() as scheduler_log:
+      with (memory_scheduler.stderr_logged()
+            if platform == "gpu" and memory_scheduler.gpu_log_requested()
+            else memory_scheduler.logged()) as scheduler_log:
         compiled = lowered.compile(
             compiler_options={"xla_dump_to": dump,
                               "xla_dump_hlo_as_text": True,

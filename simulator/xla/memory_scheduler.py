@@ -8,6 +8,9 @@ module three ways: a list schedule, a DFS schedule and the post order. It
 simulates each one's heap and keeps the smallest. libtpu logs the three sizes
 and its choice at --vmodule=hlo_memory_scheduler=2; `request_log` asks for
 that and `logged` reads it off each compile (simulator.xla.compiled).
+XLA:GPU runs the same scheduler (gpu_hlo_schedule.cc) and logs the same
+lines to stderr where TSL's environment asks (`request_gpu_log`, before jax
+loads); `stderr_logged` reads them off a GPU compile.
 
 `dfs_order` and `post_order` replay two of the three on the entry computation
 dumped before that pass (`experiments.validate --dump_passes=memory-scheduler`).
@@ -46,6 +49,8 @@ import itertools
 import math
 import os
 import re
+import sys
+import tempfile
 from typing import Iterator
 
 from simulator.memory.tiling import tiled
@@ -58,6 +63,12 @@ from simulator.xla.hlo_collectives import (DTYPE_BYTES, INSTRUCTION,
 # late, after the compile has returned).
 LOG_FLAG = "--vmodule=hlo_memory_scheduler=2 --logbufsecs=0"
 _LOG_DIR = "/tmp/tpu_logs"  # libtpu's log directory unless TPU_LOG_DIR says
+# What XLA:GPU is asked to log (`request_gpu_log`): INFO lines at all (jax's
+# own default, set as it is imported, is WARNING and above) and the
+# scheduler's at verbosity 2.
+GPU_LOG_ENV = {"TF_CPP_MIN_LOG_LEVEL": "0",
+               "TF_CPP_VMODULE": "hlo_memory_scheduler=2"}
+_LOG_PREFIX = re.compile(r"[IWEF]\d{4} ")  # absl's: severity, month, day
 # The pass whose input and output the replay reads (libtpu's final_scheduler
 # pipeline, dump 0000/0001 of `--dump_passes=memory-scheduler`).
 PASS = "hlo-memory-scheduler"
@@ -550,6 +561,65 @@ def request_log() -> None:
     os.environ["LIBTPU_INIT_ARGS"] = f"{args} {LOG_FLAG}".strip()
 
 
+def request_gpu_log() -> bool:
+  """Asks XLA:GPU (the CUDA plugin) to log the same estimates and choice to
+  stderr, where `stderr_logged` reads them: through TSL's environment
+  (`GPU_LOG_ENV`), which the plugin reads once, as it loads with jax. So
+  it holds for worker processes started from now on, and for this one only
+  if it has not imported jax yet: says whether this one will log. A
+  TF_CPP_VMODULE the user set is kept, and a minimum log level other than
+  jax's own default (1, which jax sets as it is imported)."""
+  os.environ.setdefault("TF_CPP_VMODULE", GPU_LOG_ENV["TF_CPP_VMODULE"])
+  if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "1":
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = GPU_LOG_ENV["TF_CPP_MIN_LOG_LEVEL"]
+  return "jax" not in sys.modules
+
+
+def gpu_log_requested() -> bool:
+  """Whether this process's XLA:GPU logs its memory scheduler's estimates
+  (`request_gpu_log`, or the same environment set by hand)."""
+  return ("hlo_memory_scheduler" in os.environ.get("TF_CPP_VMODULE", "")
+          and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "0")
+
+
+@contextlib.contextmanager
+def stderr_logged() -> Iterator[dict]:
+  """Yields a dict that, after the block, holds `read_log` of what the
+  block wrote to file descriptor 2 (XLA:GPU's log, `request_gpu_log`).
+  Its INFO messages are dropped; everything else is written on to stderr
+  after the block, so no warning or error is lost (`_not_info`)."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  out: dict = {}
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      yield out
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      text = captured.read().decode(errors="replace")
+      out.update(read_log(text))
+      rest = _not_info(text)
+      if rest:
+        os.write(2, rest.encode())
+
+
+def _not_info(text: str) -> str:
+  """`text` without its INFO messages: a line with absl's prefix (`I`,
+  `W`, `E`, `F`, then month and day) starts a message, the lines up to the
+  next one go with it (a ptxas warning logged at INFO runs on)."""
+  kept, keep = [], True
+  for line in text.splitlines(keepends=True):
+    if _LOG_PREFIX.match(line):
+      keep = not line.startswith("I")
+    if keep:
+      kept.append(line)
+  return "".join(kept)
+
+
 def _log_path() -> str | None:
   """libtpu's INFO log of this process (named with its pid), if any."""
   folder = os.environ.get("TPU_LOG_DIR", _LOG_DIR)
@@ -596,7 +666,7 @@ def replayed_summary(replayed: dict[str, int], against: int,
 
 
 def summary(log: dict) -> str:
-  """libtpu's estimates and its choice, in one line of GiB."""
+  """XLA's estimates (libtpu's or XLA:GPU's) and its choice, in one line of GiB."""
   sizes = ", ".join(f"{_NAMES[k]} {log[k] / 2**30:.3f}"
                     for k in _NAMES if k in log)
   return (f"{sizes} GiB; kept the "
