@@ -10,7 +10,9 @@ Memory per device (bytes):
             (weights, cache, tokens, in their TPU tiled layouts) live
             throughout plus the largest transient live set of the heap
             simulation the training path uses (simulator.memory.liveness), the
-            cache written in place into its donated buffer;
+            cache written in place into its donated buffer; the step is
+            simulated as traced at the probe batch and read at its own, as a
+            training step is (`probe_serve`);
   fits      the larger peak plus the planning overhead
             (simulator.memory.OVERHEAD_FRACTION) within the chip's HBM.
 
@@ -50,6 +52,7 @@ from simulator.xla import hlo_collectives
 from simulator.memory import OVERHEAD_FRACTION, liveness, tpu_tiled_bytes
 from simulator.memory.estimate import Contributor
 from simulator.timing.comms import collective_time
+from simulator.tracing.batch_probe import PROBE, bytes_at, rescale
 from simulator.tracing.program import read_program
 from simulator.serve_step import PHASES, ServeStep, build_serve_steps
 from simulator.settings import ServeSettings
@@ -141,20 +144,35 @@ def argument_bytes(step: ServeStep, tiled: bool) -> int:
   return sum(tpu_tiled_bytes(device_shape(x), x.dtype) for x in leaves)
 
 
+def probe_serve(serve: ServeSettings, x: int) -> ServeSettings:
+  """`serve` at the probe batch (simulator.tracing.batch_probe): PROBE
+  sequences on each of the X devices that split the batch. The memory rules
+  tell the batch's values by it, as in training (an activation matmul's
+  output fusion, the into-matmuls rule of simulator.memory.xla_rules); a
+  step traced at its own batch has none, so every matmul read as one of
+  weights alone."""
+  return dataclasses.replace(serve, batch=PROBE * x)
+
+
 def trace_phase(step: ServeStep, mesh) -> jax.core.ClosedJaxpr:
   with jax.sharding.use_abstract_mesh(mesh):
     return jax.make_jaxpr(step.fn)(*step.args)
 
 
-def _phase(step: ServeStep, jaxpr, plan: MeshPlan, weights: int,
-           cache: int) -> PhaseEstimate:
+def _phase(step: ServeStep, jaxpr, probed: ServeStep, probe_jaxpr,
+           plan: MeshPlan, weights: int, cache: int) -> PhaseEstimate:
+  """The step's figures: its memory from the heap simulation of `probed`,
+  the same step at the probe batch (`probe_jaxpr`), evaluated at the step's
+  batch, the rest from its own program `jaxpr`."""
   chip = plan.topology.chip
   args = argument_bytes(step, chip.kind == "tpu")
-  points = liveness.simulate(jaxpr, step.donated_outputs)
-  transient, index = points.peak_at(1, 1)
+  batch, probe = step.tokens.shape[0], probed.tokens.shape[0]
+  points = liveness.simulate(probe_jaxpr, probed.donated_outputs)
+  transient, index = points.peak_at(batch, probe)
   live = sorted(points.live(index) if index >= 0 else (),
-                key=lambda b: -sum(b.bytes))
-  buffers = tuple(Contributor(b.where, b.shape, b.dtype, sum(b.bytes))
+                key=lambda b: -bytes_at(*b.bytes, batch, probe))
+  buffers = tuple(Contributor(b.where, rescale(b.shape, batch, probe),
+                              b.dtype, bytes_at(*b.bytes, batch, probe))
                   for b in live[:PEAK_BUFFERS])
   data = 1 if step.pos is None else 2  # tokens (and pos)
   tpu = chip.kind == "tpu"
@@ -194,11 +212,13 @@ def inference_report(cfg: ModelConfig, serve: ServeSettings,
   """Trace prefill and decode under `plan`'s abstract mesh and estimate."""
   mesh = abstract_mesh(plan)
   steps = build_serve_steps(cfg, serve, mesh)
+  probed = build_serve_steps(cfg, probe_serve(serve, plan.X), mesh)
   first = steps["prefill"]
   weights = sum(map(device_bytes, jax.tree.leaves(first.params)))
   cache = sum(map(device_bytes, jax.tree.leaves(first.cache)))
-  phases = {phase: _phase(steps[phase], trace_phase(steps[phase], mesh), plan,
-                          weights, cache) for phase in PHASES}
+  phases = {phase: _phase(steps[phase], trace_phase(steps[phase], mesh),
+                          probed[phase], trace_phase(probed[phase], mesh),
+                          plan, weights, cache) for phase in PHASES}
   return InferenceEstimate(cfg.name, serve, plan, weights, cache,
                            kv_heads_replicated(cfg, plan.Y), phases,
                            plan.topology.chip.hbm_bytes)

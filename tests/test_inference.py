@@ -127,10 +127,13 @@ def test_decode_peak_holds_the_scanned_cache_stacks():
 
 
 def test_kept_compiles_within_the_memory_targets():
-  """experiments/data/inference_compiled.jsonl: both steps of seven plans
-  compiled for v5p-8 through libtpu (experiments.inference_report
-  --compile); today's symbolic peaks against XLA's: median |error| <= 3%,
-  worst <= 8%, no under-estimate below -5%."""
+  """experiments/data/inference_compiled.jsonl: both steps of nine plans
+  (two of them mixtral_mini's, a mixture of experts) compiled for v5p-8
+  through libtpu (experiments.inference_report --compile); today's
+  symbolic peaks against XLA's: median |error| <= 3%, worst <= 8%, no
+  under-estimate below -5%. mixtral_mini 2x2 b32's prefill reads +20.69%
+  where its step is traced at its own batch instead of the probe batch
+  (inference.probe_serve)."""
   import json
   import os
   import statistics
@@ -146,6 +149,6 @@ def test_kept_compiles_within_the_memory_targets():
       for phase, c in inference.compare(e, row["compiled"]).items():
         assert c["argument_error"] == 0, (row, phase)
         errors.append(c["peak_error"])
-  assert len(errors) == 14
+  assert len(errors) == 18
   assert statistics.median(map(abs, errors)) <= 0.03
   assert max(map(abs, errors)) <= 0.08 and min(errors) >= -0.05
