@@ -25,6 +25,7 @@ config, so a cut-short run still leaves its rows.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -141,6 +142,9 @@ def summary(rows: list[dict]) -> list[str]:
                      "can count the host temporaries "
                      "(simulator.xla.compiled.memory_figures)" if taken
                      else ""))
+  line = _scheduler_line(ok)
+  if line:
+    lines.append(line)
   lay = [r for r in ok if r["relative_error"].get("arguments_layout") is not None]
   exact = sum(1 for r in lay if r["relative_error"]["arguments_layout"] == 0)
   lines.append(f"- arguments with the compiled tiled layouts: exact in {exact} of "
@@ -265,6 +269,32 @@ def _smaller_schedule_line(rows: list[dict], part: str) -> str | None:
           f"{100 * max(map(abs, errs)):.2f}%; under XLA's by more than 5%: "
           f"{len(under)} of {len(errs)}"
           + (f", down to {_pct(under[0])}" if under else ""))
+
+
+def _scheduler_line(rows: list[dict]) -> str | None:
+  """Which schedule XLA's memory scheduler kept, by its own estimates
+  (libtpu's, or XLA:GPU's: simulator.xla.memory_scheduler), in the rows
+  that logged them, and how far its estimate of the kept schedule is from
+  the compiled peak: the choice rests on those estimates, not on the
+  peaks."""
+  logged = [r for r in rows if (r["compiled"].get("memory_scheduler") or {})
+            .get("chose")]
+  if not logged:
+    return None
+  kept = collections.Counter(r["compiled"]["memory_scheduler"]["chose"]
+                             for r in logged)
+  off = sorted((r["compiled"]["memory_scheduler"][
+      r["compiled"]["memory_scheduler"]["chose"]]
+                / r["compiled"]["peak_bytes"] - 1, r["config"].get("index"))
+               for r in logged)
+  return (f"- XLA's memory scheduler (its own estimates, logged in "
+          f"{len(logged)} compiles): kept "
+          + ", ".join(f"the {memory_scheduler.label(k)} schedule in {n}"
+                      for k, n in kept.most_common())
+          + f"; its estimate of the schedule it kept against the compiled "
+          f"peak: median {_pct(statistics.median(e for e, _ in off))}, from "
+          f"#{off[0][1]} {_pct(off[0][0])} to #{off[-1][1]} "
+          f"{_pct(off[-1][0])}")
 
 
 def _autotuned_line(rows: list[dict], part: str) -> str | None:

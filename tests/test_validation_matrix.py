@@ -69,6 +69,26 @@ def test_the_summary_says_what_the_smaller_schedule_would_give():
   assert "larger (toy)" not in text
 
 
+def test_the_summary_says_which_schedule_xla_kept_and_how_far_its_estimate():
+  """XLA's memory scheduler keeps the schedule its own estimate finds
+  smallest: the summary counts its choices in the rows that logged them
+  and sets the kept schedule's estimate beside the compiled peak."""
+  rows = [_row("gpt2", 0.02, 0.0, "gpu"), _row("gpt2", 0.30, 0.0, "gpu"),
+          _row("gpt2", 0.10, 0.0, "gpu-check")]
+  for i, (row, log) in enumerate(zip(rows, (
+      {"list": 150, "dfs": 120, "post order": 120, "chose": "dfs"},
+      {"list": 80, "dfs": 90, "post order": 95, "chose": "list"},
+      {"list": 300, "dfs": 250, "post order": 250, "chose": "dfs"}))):
+    row["config"]["index"] = i
+    row["compiled"] = {"peak_bytes": 100, "memory_scheduler": log}
+  text = "\n".join(vm.summary(rows))
+  assert ("XLA's memory scheduler (its own estimates, logged in 3 compiles): "
+          "kept the DFS schedule in 2, the list schedule in 1; its estimate "
+          "of the schedule it kept against the compiled peak: median "
+          "+20.00%, from #1 -20.00% to #2 +150.00%") in text, text
+  assert "XLA's memory scheduler" not in "\n".join(vm.summary(rows[:0]))
+
+
 def test_a_summary_of_host_streamed_rows_alone_has_no_flops_median():
   """A table whose only compiled row streams its layers from host memory
   (the first row of a compile batch, say) gets a summary, not an error."""
