@@ -118,6 +118,9 @@ class _Plan:
   # ids of the calls computed inside their readers (xla_gpu_rules, inlined
   # calls): their bodies make no buffer
   inlined: set = dataclasses.field(default_factory=set)
+  # equation index -> the bytes of the copy an all-to-all stages its operand
+  # in, live while it runs (xla_rules, all-to-all staging)
+  staging: dict = dataclasses.field(default_factory=dict)
   # the schedule it was made for (ORDERS), which the bodies it runs follow
   # (`_inner_order`): a body with nothing to defer shares the deferred plan
   order: str = "deferred"
@@ -267,8 +270,15 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       i: tuple(dict.fromkeys(b for v in xla_rules.first_micro_batch(eqn)
                              for b in buffers_read(v)))
       for i, eqn in enumerate(eqns) if xla_rules.accumulation_loop(eqn)}
+  inputs = set(jaxpr.invars)
+  staging = {i: _nbytes(eqn.invars[0].aval, local) for i, eqn in
+             enumerate(eqns) if not gpu and id(eqn) not in dead
+             and xla_rules.moves_between_dims(eqn)
+             and isinstance(eqn.invars[0], jcore.Var)
+             and eqn.invars[0] in inputs  # its layout is not the fusion's
+             and size[eqn.outvars[0]] != (0, 0)}
   return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits,
-               first_micro_batch, inlined)
+               first_micro_batch, inlined, staging=staging)
 
 
 def _free_when_gathered(plan: _Plan, replaced: dict) -> None:
@@ -439,6 +449,8 @@ class _Simulation:
       for v in eqn.outvars:
         if v not in plan.reuses:
           live = _add(live, plan.size[v])
+      if i in plan.staging:
+        live = _add(live, plan.staging[i])
       yield i, eqn, live
 
   def transient(self, jaxpr, local: bool = False, in_place_out=(),
@@ -588,6 +600,14 @@ class _Simulation:
           out.append(buffer(v, producer[v]))
       out += [buffer(v, eqn) for v in eqn.outvars
               if v not in plan.reuses and plan.size[v] != (0, 0)]
+      if target in plan.staging:  # xla_rules, all-to-all staging
+        source = eqn.invars[0]
+        out.append(LiveBuffer(
+            f"{_where(eqn)}: {source.aval.str_short()} copied into the "
+            "all-to-all's layout", xla_rules.shape_of(source.aval, local),
+            str(source.aval.dtype), plan.staging[target],
+            scopes_of(eqn.source_info.name_stack),
+            backward or made_by_backward(eqn)))
       if rest:
         sub, sub_local, in_place = xla_rules.calls(eqn, local)[rest[0]]
         back = backward or made_by_backward(eqn)

@@ -623,6 +623,25 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   (#94 llama2_13b v5p-32 16x1 b736 +0.60% -> +1.74%, #82
                   llava_mini 4x1 +22.61% -> +21.77%) and five GPU rows by
                   at most 0.4;
+  all-to-all      a reshard that moves a mesh axis from one dim to another
+  staging         (an all-to-all) copies its operand into the collective's
+                  layout first, so at the all-to-all the operand, that copy
+                  and the result are all live (TPU): in gemma-2b's decode
+                  step (v5p-8 1x4 b16, 1024 + 256 positions; kept in
+                  experiments/data/inference_compiled.jsonl) the embedding
+                  table's reshard from vocab-split to width-split for its
+                  lookup is
+                  copy.25 (bf16[8000,4,8,512], 250 MiB) then all-to-all
+                  (bf16[64000,4,512], 250 MiB) beside the table argument,
+                  XLA's peak there (`moves_between_dims`; liveness's
+                  `_Plan.staging`). Only an operand the program is given
+                  (an argument, laid out by the caller) is copied so: one a
+                  fusion makes is made in the collective's layout, as the
+                  experts' combine over X, [e@X, g, c, d] to [e, g@X, c, d],
+                  is (staged too, #280 mixtral_8x7b v5p-64 8x4
+                  `--expert_axis=x` reads traced +7.31% -> +9.65%, #250
+                  qwen1.5-moe-4l deferred +36.30% -> +40.88%); nor one
+                  split on its major dim, whose chunks are contiguous;
   interleaved     the step runs the first micro-batch of a gradient
   micro-batches   accumulation on its own and the others in a loop
                   (simulator.step, scope models.scopes.ACCUMULATION); with
@@ -1007,6 +1026,24 @@ def gathered_cast(eqn, producer: dict, readers: list) -> bool:
           and _gathers(made)
           and any(not scopes.in_recompute(c.source_info.name_stack)
                   for c in readers))
+
+
+def moves_between_dims(eqn) -> bool:
+  """A reshard that moves a mesh axis (of more than one device) from one
+  dim to another, an all-to-all, splitting a dim that is not its operand's
+  major one: its chunks are not contiguous, so an operand in a layout of
+  its own is copied into the collective's first (the all-to-all-staging
+  rule). Split on the major dim, each chunk is one already."""
+  if eqn.primitive.name != "reshard":
+    return False
+  shape = eqn.invars[0].aval.shape
+  before, after = (layout_of(v.aval) for v in (eqn.invars[0], eqn.outvars[0]))
+  for axis in {a for dim in before for a in dim}:
+    src = {i for i, dim in enumerate(before) if axis in dim}
+    dst = {i for i, dim in enumerate(after) if axis in dim}
+    if dst and src != dst and any(shape[i] > 1 for i in range(min(dst))):
+      return True
+  return False
 
 
 def _gathers(eqn) -> bool:

@@ -59,8 +59,12 @@ _ELEMENTWISE = {
     "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "not", "or",
     "pow", "rem", "round", "rsqrt", "select_n", "sign", "sin", "sqrt",
     "square", "stop_gradient", "sub", "tan", "tanh", "xor", "pvary"}
+# pvary, shard_map's mark that a value varies over manual mesh axes, lowers
+# to nothing: no copy of the embedding table a serving step's lookup reads
+# through it at XLA's peaks (mixtral_mini v5p-8 4x1 b8, both steps;
+# experiments/data/inference_compiled.jsonl).
 VIEW_OPS = {"reshape", "squeeze", "expand_dims", "transpose", "name",
-         "reduce_precision", "copy", "copy_p"}
+         "reduce_precision", "copy", "copy_p", "pvary"}
 
 
 def _inner_jaxpr(eqn):
