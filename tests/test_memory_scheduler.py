@@ -132,18 +132,17 @@ def test_logged_reads_only_what_libtpu_logged_during_the_block(
 
 def test_request_gpu_log_asks_xla_gpu_and_keeps_what_the_user_set(
     monkeypatch):
-  monkeypatch.delenv("TF_CPP_VMODULE", raising=False)
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # jax's own default
+  env = {"TF_CPP_MIN_LOG_LEVEL": "1"}  # jax's own default
+  monkeypatch.setattr(M.os, "environ", env)  # this process's is untouched
   assert not M.gpu_log_requested()
   M.request_gpu_log()
-  assert os.environ["TF_CPP_VMODULE"] == "hlo_memory_scheduler=2"
-  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+  assert env == {"TF_CPP_VMODULE": "hlo_memory_scheduler=2",
+                 "TF_CPP_MIN_LOG_LEVEL": "0"}
   assert M.gpu_log_requested()
-  monkeypatch.setenv("TF_CPP_VMODULE", "spmd_partitioner=3")
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+  env.update(TF_CPP_VMODULE="spmd_partitioner=3", TF_CPP_MIN_LOG_LEVEL="2")
   M.request_gpu_log()
-  assert os.environ["TF_CPP_VMODULE"] == "spmd_partitioner=3"
-  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+  assert env == {"TF_CPP_VMODULE": "spmd_partitioner=3",
+                 "TF_CPP_MIN_LOG_LEVEL": "2"}
   assert not M.gpu_log_requested()
 
 

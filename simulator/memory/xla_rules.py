@@ -630,9 +630,9 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   step (v5p-8 1x4 b16, 1024 + 256 positions; kept in
                   experiments/data/inference_compiled.jsonl) the embedding
                   table's reshard from vocab-split to width-split for its
-                  lookup is
-                  copy.25 (bf16[8000,4,8,512], 250 MiB) then all-to-all
-                  (bf16[64000,4,512], 250 MiB) beside the table argument,
+                  lookup is copy.25 (bf16[8000,4,8,512], 250 MiB) then
+                  all-to-all (bf16[64000,4,512], 250 MiB) beside the table
+                  argument,
                   XLA's peak there (`moves_between_dims`; liveness's
                   `_Plan.staging`). Only an operand the program is given
                   (an argument, laid out by the caller) is copied so: one a
