@@ -130,11 +130,12 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           stacks: dict, held: dict | None = None, gpu: bool = False,
           sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False,
           apart: bool = False, sole_matmul_in: bool = False,
-          written: frozenset = frozenset()) -> _Plan:
+          written: frozenset = frozenset(), arguments: bool = True) -> _Plan:
   # sole_matmul_in: xla_rules.fused_away's (off a GPU: XLA:GPU makes a
   # GEMM's operand in a loop fusion of its own); written: in-place outputs
   # written where they are made on a GPU too (xla_gpu_rules, the step's
-  # written outputs)
+  # written outputs); arguments: jaxpr's inputs are the step's arguments,
+  # laid out by its caller (xla_rules, all-to-all staging)
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -270,9 +271,9 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       i: tuple(dict.fromkeys(b for v in xla_rules.first_micro_batch(eqn)
                              for b in buffers_read(v)))
       for i, eqn in enumerate(eqns) if xla_rules.accumulation_loop(eqn)}
-  inputs = set(jaxpr.invars)
+  inputs = set(jaxpr.invars) if arguments and not gpu else set()
   staging = {i: _nbytes(eqn.invars[0].aval, local) for i, eqn in
-             enumerate(eqns) if not gpu and id(eqn) not in dead
+             enumerate(eqns) if id(eqn) not in dead
              and xla_rules.moves_between_dims(eqn)
              and isinstance(eqn.invars[0], jcore.Var)
              and eqn.invars[0] in inputs  # its layout is not the fusion's
@@ -376,7 +377,8 @@ class _Simulation:
       plan = _plan(jaxpr, local, in_place_out, self.hoisted, stacks, held,
                    self.gpu, self.sms if self.gpu else None,
                    key[0] in self.looped, order == "cublas",
-                   sole_matmul_in=not self.gpu, written=written)
+                   sole_matmul_in=not self.gpu, written=written,
+                   arguments=top)
       gathered, replaced = xla_rules.gathered_operands(plan.jaxpr.eqns,
                                                        local, plan.size)
       plan.stacks.update(gathered)

@@ -535,9 +535,10 @@ def host_operands_in_place(eqns, readers, gpu: bool) -> set:
           if all(fusible(r) for r in readers(v))}
 
 
-# What else an inlined call's body may hold (the inlined-calls rule): the
-# ops XLA:GPU fuses into a loop fusion beside elementwise ones.
-_INLINED_OPS = {"gather", "broadcast_in_dim", "iota", "pvary"}
+# What an inlined call's body may hold beside elementwise ops (broadcasts and
+# iotas among them) and views (the inlined-calls rule): a gather, which
+# XLA:GPU fuses with the index arithmetic that makes its indices.
+_INLINED_OPS = {"gather"}
 
 
 def inlined_calls(eqns, readers, outs: set, gpu: bool) -> set:

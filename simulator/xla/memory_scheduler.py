@@ -561,18 +561,17 @@ def request_log() -> None:
     os.environ["LIBTPU_INIT_ARGS"] = f"{args} {LOG_FLAG}".strip()
 
 
-def request_gpu_log() -> bool:
+def request_gpu_log() -> None:
   """Asks XLA:GPU (the CUDA plugin) to log the same estimates and choice to
   stderr, where `stderr_logged` reads them: through TSL's environment
   (`GPU_LOG_ENV`), which the plugin reads once, as it loads with jax. So
   it holds for worker processes started from now on, and for this one only
-  if it has not imported jax yet: says whether this one will log. A
-  TF_CPP_VMODULE the user set is kept, and a minimum log level other than
-  jax's own default (1, which jax sets as it is imported)."""
+  if it has not imported jax yet. A TF_CPP_VMODULE the user set is kept,
+  and a minimum log level other than jax's own default (1, which jax sets
+  as it is imported)."""
   os.environ.setdefault("TF_CPP_VMODULE", GPU_LOG_ENV["TF_CPP_VMODULE"])
   if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "1":
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = GPU_LOG_ENV["TF_CPP_MIN_LOG_LEVEL"]
-  return "jax" not in sys.modules
 
 
 def gpu_log_requested() -> bool:
