@@ -5,7 +5,9 @@
       [--attention=flash] [--compile] [--format=json]
 
 Both steps are the training code's Decoder run with a KV cache
-(simulator.serve_step), traced under the abstract mesh: weights and the
+(simulator.serve_step; an encoder-decoder's prefill encodes the prompt once
+and caches each decoder layer's cross-attention k and v of it, its decode
+steps run the decoder alone), traced under the abstract mesh: weights and the
 cache per device, each step's peak from the live-range model
 (simulator.memory.liveness), decode and prefill times from a roofline,
 throughput at the batch, the verdict (simulator.inference). --compile also
@@ -44,8 +46,12 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
            ) -> str:
   s, hbm = e.serve, e.hbm_bytes
   g = lambda n: f"{n / GiB:.3f} GiB"
-  lines = [f"{e.model}: batch {s.batch}, prompt {s.prompt} + generate "
-           f"{s.generate} = {s.length} cache positions, kv {s.kv_dtype}, "
+  positions = (f"prompt {s.prompt} (encoded once, cross-attention cache) "
+               f"+ generate {s.generate} (decoder cache)"
+               if cfg.encoder_decoder else
+               f"prompt {s.prompt} + generate {s.generate} = {s.length} "
+               "cache positions")
+  lines = [f"{e.model}: batch {s.batch}, {positions}, kv {s.kv_dtype}, "
            f"prefill attention {s.attention}", e.plan.describe()]
   if e.kv_heads_replicated:
     lines.append(kv_heads_note(cfg, e.plan.Y))

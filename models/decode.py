@@ -7,6 +7,12 @@ position with `dynamic_update_slice` and, decoding, attends over all T
 positions, the causal mask hiding the ones not written yet (the dense
 fixed-size cache of MaxText's `autoregressive` mode; no paging).
 
+An encoder-decoder (T5) serves with two such caches per layer, as Hugging
+Face's T5 keeps its past_key_values (`Seq2SeqCache`): the decoder's own k and
+v over its generated positions, and the cross-attention's k and v of the
+encoder's output over the prompt's positions, projected once by the prefill
+and read by every decode step.
+
 int8: values rounded to int8 with one bf16 scale per token per kv head
 (max |x| over the head dim), dequantized before attention, as MaxText's
 inference/kvcache.py quantizes (`KVQuant.quantize`).
@@ -37,6 +43,16 @@ class KVCache:
   v: jax.Array
   k_scale: jax.Array | None = None
   v_scale: jax.Array | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Seq2SeqCache:
+  """An encoder-decoder's caches, each stacked over the decoder's layers:
+  `self_attn` over the generated positions, `cross` over the prompt's."""
+
+  self_attn: KVCache
+  cross: KVCache
 
 
 def cache_layout(n_layers: int, batch: int, length: int, n_kv_heads: int,

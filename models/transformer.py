@@ -68,8 +68,11 @@ class Attention(nn.Module):
   `scale` multiplies them (models.attention). With a KV cache (serving) it
   also writes the step's k and v at `pos` and returns the updated cache: a
   prefill (S > 1 tokens, from position 0) attends over its own k and v, a
-  decode step over the whole cache (models.decode). Returns (output, cache
-  or None)."""
+  decode step over the whole cache (models.decode). `cached_context`: a
+  cross-attention whose cache holds the context's k and v, written whole
+  where the context is given (an encoder-decoder's prefill) and read
+  instead of projected where it is not (its decode steps). Returns
+  (output, cache or None)."""
 
   cfg: ModelConfig
   rules: AxisRules
@@ -80,6 +83,7 @@ class Attention(nn.Module):
   quant: str = "none"  # the projections stored quantized (models.quant)
   causal: bool = True
   scale: float | None = None  # None: 1/sqrt(head_dim)
+  cached_context: bool = False
 
   @nn.compact
   def __call__(self, x_BxSxD: jax.Array, context_BxTxD: jax.Array | None = None,
@@ -96,6 +100,23 @@ class Attention(nn.Module):
         ("batch", "length", axis, "kv"), bias=c.bias or c.qkv_bias, name=name,
         lora_rank=rank(name), **common)
     q = proj("q", c.n_heads, "heads")(x_BxSxD)
+
+    def output(o_BxSxKxGxH):  # the heads back to the residual stream
+      o_BxSxNxH = checkpoint_name(_reshape(
+          o_BxSxKxGxH, q.shape, self.rules,
+          ("batch", "length", "heads", "kv")), "attn_out")
+      return checkpoint_name(Dense(
+          (c.n_heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
+          "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o",
+          lora_rank=rank("o"), **{**common, "bias_dims": 1})(o_BxSxNxH),
+                             "out_proj")
+
+    if self.cached_context and context_BxTxD is None:
+      q_BxSxKxGxH = group_heads(q, ("batch", "length", "heads", "kv"),
+                                c.n_kv_heads, self.rules)
+      o = attention.materialized(q_BxSxKxGxH, *decode.read(cache, q.dtype),
+                                 bias_KxGxSxT, self.causal, self.scale)
+      return output(o), cache
     k = proj("k", c.n_kv_heads, "kv_heads")(kv_in)
     v = proj("v", c.n_kv_heads, "kv_heads")(kv_in)
     if c.positions == "rope":
@@ -112,12 +133,7 @@ class Attention(nn.Module):
       o = attention.materialized(q_BxSxKxGxH, *decode.read(cache, k.dtype),
                                  bias_KxGxSxT, self.causal, self.scale,
                                  start=pos)
-    o_BxSxNxH = checkpoint_name(_reshape(
-        o, q.shape, self.rules, ("batch", "length", "heads", "kv")), "attn_out")
-    return checkpoint_name(Dense(
-        (c.n_heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
-        "bsnh,nhd->bsd", RESIDUAL, bias=c.bias, name="o", lora_rank=rank("o"),
-        **{**common, "bias_dims": 1})(o_BxSxNxH), "out_proj"), cache
+    return output(o), cache
 
 
 class Block(nn.Module):
@@ -239,7 +255,7 @@ class Decoder(nn.Module):
                        ("embed", "vocab"), *args)
       if cache is not None:
         with jax.named_scope(scopes.LOSS):
-          return _next_logits(x[:, -1], w_DxV, self.rules), cache
+          return next_logits(x[:, -1], w_DxV, self.rules), cache
       with jax.named_scope(scopes.LOSS):
         loss = chunked_loss(x, w_DxV, targets, self.loss_chunks, self.rules)
     if c.moe:  # the layers' load-balancing losses, averaged (Switch)
@@ -344,7 +360,7 @@ def lookup(table_VxD: jax.Array, ids: jax.Array, rules: AxisRules,
                            table_VxD, ids)
 
 
-def _next_logits(x_BxD, w_DxV, rules) -> jax.Array:
+def next_logits(x_BxD, w_DxV, rules) -> jax.Array:
   """The last position's logits [B, V] in f32: what a sampler reads."""
   spec = None
   if not jax.sharding.get_abstract_mesh().empty:

@@ -5,7 +5,9 @@ Memory per device (bytes):
   weights   the params' per-device bytes (bf16; replicated over X, TP over Y);
   kv_cache  the cache at full length, from its sharded ShapeDtypeStructs:
             2·L·(B/X)·T·(K/Y)·H·itemsize, plus int8's scales 2·L·(B/X)·T·(K/Y)·2
-            (K/Y is K where Y does not divide the kv heads: replicated);
+            (K/Y is K where Y does not divide the kv heads: replicated); an
+            encoder-decoder's T positions are the generated ones in its
+            decoder's cache and the prompt's in its cross-attention cache;
   peak      per step, what XLA's peak_memory_in_bytes is: the arguments
             (weights, cache, tokens, in their TPU tiled layouts) live
             throughout plus the largest transient live set of the heap
@@ -17,7 +19,8 @@ Memory per device (bytes):
             (simulator.memory.OVERHEAD_FRACTION) within the chip's HBM.
 
 Time per device, a roofline (the TPU Scaling Book's inference chapter): a
-decode step reads every weight and the whole fixed-size cache once (the
+decode step reads every weight its program reads (an encoder-decoder's, no
+encoder weight: `weights_read`) and the whole fixed-size cache once (the
 dense masked attention of models.decode reads all T positions, written or
 not), so
 
@@ -54,6 +57,7 @@ from simulator.memory.estimate import Contributor
 from simulator.timing.comms import collective_time
 from simulator.tracing.batch_probe import PROBE, bytes_at, rescale
 from simulator.tracing.program import read_program
+from simulator.tracing.trace import read_inputs
 from simulator.serve_step import PHASES, ServeStep, build_serve_steps
 from simulator.settings import ServeSettings
 from simulator.model_checks import kv_heads_replicated
@@ -135,13 +139,23 @@ class InferenceEstimate:
     return self.serve.batch * self.serve.generate / self.total_seconds
 
 
-def argument_bytes(step: ServeStep, tiled: bool) -> int:
-  """Per-device bytes of the step's arguments, in the TPU tiled layout when
-  `tiled` (simulator.memory.tiling)."""
-  leaves = jax.tree.leaves(step.args)
+def argument_bytes(step: ServeStep, jaxpr, tiled: bool) -> int:
+  """Per-device bytes of the arguments the step's program reads (jit drops
+  the rest: simulator.tracing.trace.read_inputs), in the TPU tiled layout
+  when `tiled` (simulator.memory.tiling)."""
+  leaves = [x for x, read in zip(jax.tree.leaves(step.args),
+                                 read_inputs(jaxpr)) if read]
   if not tiled:
     return sum(map(device_bytes, leaves))
   return sum(tpu_tiled_bytes(device_shape(x), x.dtype) for x in leaves)
+
+
+def weights_read(step: ServeStep, jaxpr) -> int:
+  """Per-device bytes of the weights the step reads: all of a decoder's; an
+  encoder-decoder's decode step no encoder weight and no cross-attention k
+  or v projection (the prefill cached their products)."""
+  return sum(device_bytes(x) for x, read in zip(
+      jax.tree.leaves(step.params), read_inputs(jaxpr)) if read)
 
 
 def probe_serve(serve: ServeSettings, x: int) -> ServeSettings:
@@ -160,12 +174,12 @@ def trace_phase(step: ServeStep, mesh) -> jax.core.ClosedJaxpr:
 
 
 def _phase(step: ServeStep, jaxpr, probed: ServeStep, probe_jaxpr,
-           plan: MeshPlan, weights: int, cache: int) -> PhaseEstimate:
+           plan: MeshPlan, cache: int) -> PhaseEstimate:
   """The step's figures: its memory from the heap simulation of `probed`,
   the same step at the probe batch (`probe_jaxpr`), evaluated at the step's
   batch, the rest from its own program `jaxpr`."""
   chip = plan.topology.chip
-  args = argument_bytes(step, chip.kind == "tpu")
+  args = argument_bytes(step, jaxpr, chip.kind == "tpu")
   batch, probe = step.tokens.shape[0], probed.tokens.shape[0]
   points = liveness.simulate(probe_jaxpr, probed.donated_outputs)
   transient, index = points.peak_at(batch, probe)
@@ -174,13 +188,12 @@ def _phase(step: ServeStep, jaxpr, probed: ServeStep, probe_jaxpr,
   buffers = tuple(Contributor(b.where, rescale(b.shape, batch, probe),
                               b.dtype, bytes_at(*b.bytes, batch, probe))
                   for b in live[:PEAK_BUFFERS])
-  data = 1 if step.pos is None else 2  # tokens (and pos)
   tpu = chip.kind == "tpu"
-  program = read_program(jaxpr, data, not tpu)
+  program = read_program(jaxpr, len(step.data), not tpu)
   flops = sum(d.flops_per_device * d.count for d in program.dots)
   made = tuple(map(_as_libtpu_serves, program.made()) if tpu
                else program.made())
-  hbm = weights + cache
+  hbm = weights_read(step, jaxpr) + cache
   return PhaseEstimate(
       step.phase, args, args + max(transient, 0),
       points.where[index] if index >= 0 else "nothing transient", buffers,
@@ -218,7 +231,7 @@ def inference_report(cfg: ModelConfig, serve: ServeSettings,
   cache = sum(map(device_bytes, jax.tree.leaves(first.cache)))
   phases = {phase: _phase(steps[phase], trace_phase(steps[phase], mesh),
                           probed[phase], trace_phase(probed[phase], mesh),
-                          plan, weights, cache) for phase in PHASES}
+                          plan, cache) for phase in PHASES}
   return InferenceEstimate(cfg.name, serve, plan, weights, cache,
                            kv_heads_replicated(cfg, plan.Y), phases,
                            plan.topology.chip.hbm_bytes)

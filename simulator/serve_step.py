@@ -6,6 +6,17 @@
 Both run the training code's Decoder (models.transformer) with a KV cache
 (models.decode): the prefill writes the prompt's k and v at positions
 0..P-1, a decode step one token's at `pos` and attends over the whole cache.
+An encoder-decoder (models.encoder_decoder) serves as Hugging Face's T5
+generates:
+
+  prefill(params, cache, prompt_BxP, start_Bx1) -> (cache, logits_BxV)
+  decode(params, cache, tokens_Bx1, pos)        -> (cache, logits_BxV)
+
+the prefill encodes the prompt once, writes each decoder layer's
+cross-attention k and v of it into the cache (over the prompt's P
+positions) and runs the decoder's first position on the start token; a
+decode step runs the decoder alone, its own k and v cached over the
+`generate` positions.
 The cache is donated to each step and comes back updated, as a serving loop
 runs them. Layouts, from the rules tables: weights in bf16, replicated over X
 (data-parallel serving) and TP over Y; the cache's batch over X and kv heads
@@ -24,9 +35,8 @@ from jax.sharding import NamedSharding
 
 from models import decode
 from models.config import ModelConfig
-from models.params import abstract_params
+from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, rules_for
-from models.transformer import Decoder
 from simulator.settings import ServeSettings
 from simulator.step import (check_divisible, lay_out_params, mesh_rules,
                             pad_vocab)
@@ -42,17 +52,24 @@ class ServeStep:
   phase: str  # "prefill" or "decode"
   fn: Callable
   params: Tree
-  cache: decode.KVCache
-  tokens: jax.ShapeDtypeStruct
+  cache: decode.KVCache | decode.Seq2SeqCache
+  tokens: jax.ShapeDtypeStruct  # what the decoder reads
   pos: jax.ShapeDtypeStruct | None  # decode only
   rules: AxisRules
-  model: Decoder
+  model: Any  # the Decoder or the EncoderDecoder
   vocab_padding: int
+  prompt: jax.ShapeDtypeStruct | None = None  # an encoder's, prefill only
 
   @property
   def args(self) -> tuple:
-    return ((self.params, self.cache, self.tokens) +
-            ((self.pos,) if self.pos is not None else ()))
+    return (self.params, self.cache) + self.data
+
+  @property
+  def data(self) -> tuple:
+    """The arguments after the weights and the cache: the step's tokens
+    (and position)."""
+    return tuple(x for x in (self.prompt, self.tokens, self.pos)
+                 if x is not None)
 
   @property
   def donated_outputs(self) -> int:
@@ -68,13 +85,9 @@ def serve_rules(cfg: ModelConfig, mesh,
 
 
 def check_serve(cfg: ModelConfig, serve: ServeSettings) -> None:
-  """Refuse what this model cannot serve: no attention, no embeddings, an
-  encoder-decoder or a vision tower (the serving steps are a text
-  decoder's), or more positions
+  """Refuse what this model cannot serve: no attention, no embeddings, a
+  vision tower (the serving steps are a text model's), or more positions
   than its learned position table has."""
-  if cfg.encoder_decoder:
-    raise ValueError(f"model {cfg.name!r} is an encoder-decoder; serving "
-                     "with a KV cache is built for decoder-only models")
   if cfg.vision:
     raise ValueError(f"model {cfg.name!r} is a vision-language model; "
                      "serving with a KV cache is built for text decoders "
@@ -94,16 +107,25 @@ def _sds(shape, dtype, mesh, spec) -> jax.ShapeDtypeStruct:
 
 
 def cache_args(cfg: ModelConfig, serve: ServeSettings, rules: AxisRules,
-               mesh) -> decode.KVCache:
-  """The KV cache's ShapeDtypeStructs, laid out by the `activations` table."""
-  layout = decode.cache_layout(cfg.n_layers, serve.batch, serve.length,
-                               cfg.n_kv_heads, cfg.head_dim, serve.kv_dtype)
-  fields = {}
-  for name, (shape, dtype, axes) in layout.items():
-    spec = rules.spec("activations", axes)
-    check_divisible(f"kv cache {name} {shape}", shape, spec, mesh)
-    fields[name] = _sds(shape, dtype, mesh, spec)
-  return decode.KVCache(**fields)
+               mesh) -> decode.KVCache | decode.Seq2SeqCache:
+  """The KV cache's ShapeDtypeStructs, laid out by the `activations` table:
+  a decoder's over prompt + generate positions; an encoder-decoder's
+  decoder's own over the generated ones and its cross-attention's over the
+  prompt's."""
+  def kv(length: int, label: str) -> decode.KVCache:
+    layout = decode.cache_layout(cfg.n_layers, serve.batch, length,
+                                 cfg.n_kv_heads, cfg.head_dim, serve.kv_dtype)
+    fields = {}
+    for name, (shape, dtype, axes) in layout.items():
+      spec = rules.spec("activations", axes)
+      check_divisible(f"{label} {name} {shape}", shape, spec, mesh)
+      fields[name] = _sds(shape, dtype, mesh, spec)
+    return decode.KVCache(**fields)
+
+  if cfg.encoder_decoder:
+    return decode.Seq2SeqCache(kv(serve.generate, "kv cache"),
+                               kv(serve.prompt, "cross-attention cache"))
+  return kv(serve.length, "kv cache")
 
 
 def build_serve_steps(cfg: ModelConfig, serve: ServeSettings, mesh,
@@ -113,25 +135,41 @@ def build_serve_steps(cfg: ModelConfig, serve: ServeSettings, mesh,
   check_serve(cfg, serve)
   rules = serve_rules(cfg, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
-  model = Decoder(cfg, rules=rules, attention=serve.attention,
-                  param_dtype=jnp.bfloat16)
+  model = module_class(cfg)(cfg, rules=rules, attention=serve.attention,
+                            param_dtype=jnp.bfloat16)
   leaves, names = abstract_params(model)
   params = lay_out_params(leaves, names, rules, mesh)
   cache = cache_args(cfg, serve, rules, mesh)
   token_spec = rules.spec("activations", ("batch", "length"))
-  tokens = {}
-  for phase, length in (("prefill", serve.prompt), ("decode", 1)):
-    shape = (serve.batch, length)
-    check_divisible(f"{phase} tokens {shape}", shape, token_spec, mesh)
-    tokens[phase] = _sds(shape, jnp.int32, mesh, token_spec)
-  pos = _sds((), jnp.int32, mesh, jax.sharding.PartitionSpec())
 
-  def run(p, c, ids, at):
-    logits, c = model.apply({"params": p}, ids, cache=c, pos=at)
+  def ids(label: str, length: int) -> jax.ShapeDtypeStruct:
+    shape = (serve.batch, length)
+    check_divisible(f"{label} {shape}", shape, token_spec, mesh)
+    return _sds(shape, jnp.int32, mesh, token_spec)
+
+  pos = _sds((), jnp.int32, mesh, jax.sharding.PartitionSpec())
+  decode_tokens = ids("decode tokens", 1)
+  if cfg.encoder_decoder:
+    def run(p, c, prompt, tokens, at):
+      logits, c = model.apply({"params": p}, prompt, tokens, cache=c, pos=at)
+      return c, logits
+
+    prefill = ServeStep("prefill", lambda p, c, x, t: run(p, c, x, t, 0),
+                        params, cache, ids("decoder start tokens", 1), None,
+                        rules, model, vocab_padding,
+                        prompt=ids("prefill tokens", serve.prompt))
+    return {"prefill": prefill,
+            "decode": ServeStep("decode", lambda p, c, t, at: run(
+                p, c, None, t, at), params, cache, decode_tokens, pos, rules,
+                                model, vocab_padding)}
+
+  def run(p, c, tokens, at):
+    logits, c = model.apply({"params": p}, tokens, cache=c, pos=at)
     return c, logits
 
-  steps = {"prefill": (lambda p, c, ids: run(p, c, ids, 0), None),
-           "decode": (run, pos)}
-  return {phase: ServeStep(phase, fn, params, cache, tokens[phase], at,
-                           rules, model, vocab_padding)
-          for phase, (fn, at) in steps.items()}
+  return {"prefill": ServeStep("prefill", lambda p, c, t: run(p, c, t, 0),
+                               params, cache, ids("prefill tokens",
+                                                  serve.prompt), None, rules,
+                               model, vocab_padding),
+          "decode": ServeStep("decode", run, params, cache, decode_tokens,
+                              pos, rules, model, vocab_padding)}

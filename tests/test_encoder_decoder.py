@@ -11,7 +11,8 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 from meshes.layout import plan_mesh
 from meshes.topology import parse_topology
 from models.config import ModelConfig
-from models.encoder_decoder import relative_position_bucket
+from models import decode
+from models.encoder_decoder import EncoderDecoder, relative_position_bucket
 from models.params import abstract_params, module_class, num_params
 from models.presets import PRESETS
 from simulator import memory
@@ -155,3 +156,45 @@ def test_cli_refuses_a_bad_t5_config_json(tmp_path, refused_by_memory_report):
   refused_by_memory_report(
       [f"--model={path}"], f"error: {path}: feed_forward_proj="
       "'gated-swish' is not supported; valid: relu, gelu, gated-gelu")
+
+
+def _served_loss(cfg, kv_dtype, x, y, skip=None):
+  """The training loss of targets y read off the served logits: one prefill
+  (the prompt x encoded, y[:, 0] decoded at 0) then a decode step per later
+  decoder position (at position `skip` one slot too far)."""
+  model = EncoderDecoder(cfg, attention="materialized", dtype=jnp.float32,
+                         param_dtype=jnp.float32)
+  params = jax.jit(model.init)(jax.random.key(0), x, y, y)["params"]
+  empty = lambda length: decode.KVCache(**{
+      n: jnp.zeros(s, d) for n, (s, d, _) in decode.cache_layout(
+          cfg.n_layers, x.shape[0], length, cfg.n_kv_heads, cfg.head_dim,
+          kv_dtype).items()})
+  cache = decode.Seq2SeqCache(empty(y.shape[1] + 1), empty(x.shape[1]))
+  serve = jax.jit(lambda c, x, t, pos: model.apply(
+      {"params": params}, x, t, cache=c, pos=pos))
+  logits, cache = serve(cache, x, y[:, :1], 0)
+  steps = [logits]
+  for i in range(1, y.shape[1]):
+    logits, cache = serve(cache, None, y[:, i:i + 1],
+                          jnp.int32(i + (i == skip)))
+    steps.append(logits)
+  logits_BxTxV = jnp.stack(steps, axis=1)
+  nll = (jax.nn.logsumexp(logits_BxTxV, axis=-1)
+         - jnp.take_along_axis(logits_BxTxV, y[..., None], axis=-1)[..., 0])
+  trained = model.apply({"params": params}, x, y, y)
+  return float(jnp.mean(nll)), float(trained)
+
+
+@pytest.mark.parametrize("kv_dtype, tol", [("bf16", 2e-3), ("int8", 1e-2)])
+def test_served_logits_give_the_training_loss(kv_dtype, tol):
+  """T5 served as Hugging Face generates (encoder once, the cross-attention
+  k and v cached by the prefill, the decoder's own through its cache, the
+  relative position bias of each decode step's position) reads the same
+  loss as the training forward pass over the whole decoder sequence; one
+  decode step at the wrong position does not."""
+  x = jax.random.randint(jax.random.key(1), (2, 7), 0, TINY.vocab_size)
+  y = jax.random.randint(jax.random.key(2), (2, 5), 0, TINY.vocab_size)
+  served, trained = _served_loss(TINY, kv_dtype, x, y)
+  assert abs(served - trained) <= tol * abs(trained)
+  wrong, _ = _served_loss(TINY, kv_dtype, x, y, skip=3)
+  assert abs(wrong - trained) > 5 * abs(served - trained)

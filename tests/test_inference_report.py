@@ -36,6 +36,21 @@ def test_json_and_text():
   assert "KV cache (full)" in text.stdout and "tokens/s" in text.stdout
 
 
+def test_an_encoder_decoder_serves_with_both_caches():
+  """tiny_t5 (2 layers, 4 heads of 16): per device 2 sequences and 2 heads,
+  the decoder's cache over the 8 generated positions and the
+  cross-attention's over the 16 prompt positions, k and v, bf16."""
+  out = _run(model="tiny_t5", format="json")
+  assert out.returncode == 0, out.stderr
+  data = json.loads(out.stdout)
+  assert data["kv_cache_bytes"] == 2 * 2 * 2 * (8 + 16) * 2 * 16 * 2
+  decode = data["phases"]["decode"]
+  assert decode["hbm_bytes"] < data["weights_bytes"] + data["kv_cache_bytes"]
+  text = _run(model="tiny_t5")
+  assert "prompt 16 (encoded once, cross-attention cache) + generate 8 " \
+      "(decoder cache)" in text.stdout, text.stdout
+
+
 @pytest.mark.parametrize("flags,message", [
     (dict(kv_dtype="fp8"), "error: flag --kv_dtype=fp8: value should be one "
      "of"),

@@ -63,13 +63,40 @@ def test_decode_step_traced_at_a_mesh():
   assert "dynamic_update_slice" in inner
 
 
+def test_encoder_decoder_steps_cache_both_attentions():
+  """t5_3b: the decoder's own cache over the generated positions, the
+  cross-attention's over the prompt's, both laid out as a decoder's; the
+  prefill takes the prompt and the decoder's start token, a decode step
+  one token and its position, and neither runs the other's stack."""
+  mesh = _mesh("v5p-8", 2, 2)
+  steps = build_serve_steps(load_model("t5_3b"), ServeSettings(
+      batch=8, prompt=512, generate=64), mesh)
+  prefill, step = steps["prefill"], steps["decode"]
+  own, cross = step.cache.self_attn, step.cache.cross
+  assert own.k.shape == (24, 8, 64, 32, 128)
+  assert cross.v.shape == (24, 8, 512, 32, 128)
+  assert cross.v.sharding.spec == P(None, "X", None, "Y", None)
+  assert [x.shape for x in prefill.data] == [(8, 512), (8, 1)]
+  assert [x.shape for x in step.data] == [(8, 1), ()]
+  scopes = lambda s: {e.source_info.name_stack.stack[1].name
+                      for e in _jaxpr(s, mesh).eqns
+                      if len(e.source_info.name_stack.stack) > 1}
+  assert {"encoder", "decoder"} <= scopes(prefill)
+  assert "encoder" not in scopes(step) and "decoder" in scopes(step)
+
+
+def _jaxpr(step, mesh):
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.make_jaxpr(step.fn)(*step.args).jaxpr
+
+
 @pytest.mark.parametrize("model,serve,error,message", [
     ("tiny", dict(batch=6, prompt=8, generate=8), PlanError,
      "sharded over X=4, which does not divide it"),
     ("gpt2", dict(batch=4, prompt=1000, generate=100), ValueError,
      "1000 \\+ 100 = 1100 exceeds gpt2's 1024 learned positions"),
     ("xxl_ffn", {}, ValueError, "no KV cache"),  # no attention
-    ("t5_3b", {}, ValueError, "'t5_3b' is an encoder-decoder"),
+    ("tiny_vlm", {}, ValueError, "'tiny_vlm' is a vision-language model"),
 ])
 def test_what_cannot_be_served_is_refused(model, serve, error, message):
   with pytest.raises(error, match=message):

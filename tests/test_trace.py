@@ -66,6 +66,21 @@ def test_read_inputs_follows_jit_and_dead_code():
   assert got == [True, True, False, False, True]
 
 
+def test_read_inputs_follows_scan_bodies():
+  """A scan's operand its body never reads is dropped as jit drops it (JAX's
+  scan dead-code rule): an encoder-decoder's decode step hands its decoder
+  scan every layer's cross-attention k and v projections and reads none."""
+  def f(w_read, w_unread, x):
+    def body(carry, ws):
+      read, _ = ws
+      return carry @ read, None
+    return jax.lax.scan(body, x, (w_read, w_unread))[0]
+
+  stack = jnp.ones((2, 3, 3))
+  got = read_inputs(jax.make_jaxpr(f)(stack, stack, jnp.ones(3)))
+  assert got == [True, False, True]
+
+
 def test_read_inputs_adafactor_placeholders_unread():
   """Adafactor keeps (1,) placeholders for the moments a parameter's shape
   does not use; its update never reads them (jit drops them)."""

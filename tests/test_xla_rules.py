@@ -1098,13 +1098,113 @@ def test_an_all_to_all_stages_its_operand_beside_its_result():
   assert not xla_rules.moves_between_dims(_eqn(major, "reshard"))
   local = 64 * 32 * 2 // 4
   tpu = liveness._plan(moved, False, (), set(), {})
-  assert list(tpu.staging.values()) == [(local, 0)]
+  assert [b[0] for b in tpu.beside.values()] == [(local, 0)]
   at_reshard = {gpu: next(sum(at) for _, e, at in liveness._Simulation._at_each(
       liveness._plan(moved, False, (), set(), {}, gpu=gpu))
                           if e.primitive.name == "reshard")
                 for gpu in (False, True)}
   assert at_reshard == {False: 2 * local, True: local}
-  assert not liveness._plan(gathered, False, (), set(), {}).staging
+  assert not liveness._plan(gathered, False, (), set(), {}).beside
+
+
+def _position_bias(heads: int):
+  """T5's bias lookup: a [buckets, heads] table at [S, S] bucket ids, in a
+  shard_map as models.transformer.lookup runs it, then heads major."""
+  mesh = AbstractMesh((1,), ("Y",), axis_types=(AxisType.Explicit,))
+  table = jax.ShapeDtypeStruct((32, heads), jnp.float32,
+                               sharding=NamedSharding(mesh, P(None, None)))
+  ids = jax.ShapeDtypeStruct((256, 256), jnp.int32,
+                             sharding=NamedSharding(mesh, P(None, None)))
+  def fn(t, i):
+    rows = jax.shard_map(lambda t, i: jnp.take(t, i, axis=0),
+                         in_specs=(P(None, None), P(None, None)),
+                         out_specs=P(None, None, None))(t, i)
+    return jnp.transpose(rows, (2, 0, 1)) * 2.0
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.make_jaxpr(fn)(table, ids).jaxpr
+
+
+@pytest.mark.parametrize("heads, padded", [(8, 256 * 256 * 128 * 4),
+                                           (128, None)])
+def test_a_gather_pads_narrow_slices_while_its_result_is_copied(heads,
+                                                                padded):
+  """The gathered-slices-minor rule: a gather's result, returned through
+  its shard_map, keeps each gathered row minor in TPU tiles, 8 heads padded
+  to 128 lanes (T5's bias, f32[4194304,8] 2 GiB at the t5_3b prefill's
+  peak), live beside the dense copy its readers take while that is made;
+  rows of 128 need no copy, nor does a GPU plan."""
+  j = _position_bias(heads)
+  lookup = _eqn(j, "shard_map")
+  assert xla_rules.gathered_slices_minor(lookup, lookup.outvars[0])
+  dense = 256 * 256 * heads * 4
+  beside = liveness._plan(j, False, (), set(), {}).beside
+  assert [b[0] for b in beside.values()] == ([(padded, 0)] if padded else [])
+  assert not liveness._plan(j, False, (), set(), {}, gpu=True).beside
+  at_lookup = next(sum(at) for _, e, at in liveness._Simulation._at_each(
+      liveness._plan(j, False, (), set(), {})) if e is lookup)
+  assert at_lookup == dense + (padded or 0)
+  levels = jax.make_jaxpr(lambda t, codes: t[codes])(  # 8-bit AdamW's
+      jnp.zeros(256), jnp.zeros((64, 4), jnp.int32)).jaxpr  # elements
+  element = _eqn(levels, "gather")
+  assert not xla_rules.gathered_slices_minor(element, element.outvars[0])
+
+
+def test_two_reshards_of_a_value_into_one_layout_are_one_buffer():
+  """The shared-reshards rule: an encoder-decoder's two lookups of its
+  shared table reshard it alike; XLA makes one all-to-all (the
+  t5-v1_1-small prefill), held from the first to the last reader of
+  either, on a TPU. A reshard into another layout is its own."""
+  mesh = AbstractMesh((4,), ("Y",), axis_types=(AxisType.Explicit,))
+  table = jax.ShapeDtypeStruct((1024, 256), jnp.float32,
+                               sharding=NamedSharding(mesh, P("Y", None)))
+  def fn(t, x, other=P(None, "Y")):
+    first = (jax.sharding.reshard(t, P(None, "Y")) * 2).sum()
+    big = jnp.sin(x) * 2  # made between the two reshards
+    return first + (jax.sharding.reshard(t, other) * 3).sum() + big.sum()
+  x = jax.ShapeDtypeStruct((4096, 256), jnp.float32,
+                           sharding=NamedSharding(mesh, P(None, None)))
+  with jax.sharding.use_abstract_mesh(mesh):
+    j = jax.make_jaxpr(fn)(table, x).jaxpr
+    gathered = jax.make_jaxpr(functools.partial(fn, other=P(None, None)))(
+        table, x).jaxpr
+  first, second = [e for e in j.eqns if e.primitive.name == "reshard"]
+  assert xla_rules.shared_reshards(j.eqns) == {
+      second.outvars[0]: first.outvars[0]}
+  assert xla_rules.shared_reshards(gathered.eqns) == {}
+  sin = _eqn(j, "sin")
+  live_at_sin = lambda gpu: next(
+      sum(at) for _, e, at in liveness._Simulation._at_each(
+          liveness._plan(j, False, (), set(), {}, gpu=gpu)) if e is sin)
+  local = 1024 * 256 * 4 // 4
+  assert live_at_sin(False) - live_at_sin(True) == local
+
+
+def test_a_stack_written_whole_over_a_donated_argument_is_in_place():
+  """The written-whole stacks: a loop whose body overwrites each slice of
+  a donated stack whole (T5's prefill writing the cross-attention cache)
+  writes its stacked output into the argument's buffer; written one
+  position at a time (the decoder's own cache) it keeps a stack of its
+  own, as does a whole write over an argument something else reads."""
+  def step(cache_LxTxN, x_SxN, read_too=False):
+    def body(carry, slice_TxN):
+      new = jax.lax.dynamic_update_slice_in_dim(slice_TxN, x_SxN + carry, 0,
+                                                axis=0)
+      return carry + 1.0, new
+    _, new = jax.lax.scan(body, jnp.zeros((), jnp.float32), cache_LxTxN)
+    return new, (cache_LxTxN.sum() if read_too else x_SxN.sum())
+
+  stack = jax.ShapeDtypeStruct((8, 16, 1024), jnp.float32)
+  whole, part = (jax.ShapeDtypeStruct((s, 1024), jnp.float32)
+                 for s in (16, 4))
+  jaxpr = lambda x, read=False: jax.make_jaxpr(
+      functools.partial(step, read_too=read))(stack, x).jaxpr
+  in_place = lambda j: xla_rules.donated_in_place(j, j.outvars[:1])
+  written = jaxpr(whole)
+  assert in_place(written) == written.outvars[:1]
+  assert in_place(jaxpr(part)) == []
+  assert in_place(jaxpr(whole, read=True)) == []
+  peak = lambda j: liveness.simulate(j, 1).peak_at(1, 1)[0]
+  assert peak(written) < 8 * 16 * 1024 * 4 <= peak(jaxpr(part))
 
 
 def test_pvary_makes_no_copy():

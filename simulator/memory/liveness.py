@@ -36,6 +36,7 @@ from jax.extend import core as jcore
 
 from models.scopes import in_backward, scopes_of
 from simulator.memory import xla_gpu_rules, xla_rules
+from simulator.memory.tiling import tiled_in_order_bytes
 from simulator.memory.points import (AUTOTUNED, ORDER_NOTES, ORDERS, Bytes,
                                      LiveBuffer, Points)
 from simulator.tracing import loops
@@ -43,12 +44,16 @@ from simulator.tracing.batch_probe import carries_batch
 from simulator.tracing.program import subjaxprs
 from simulator.tracing.trace import made_by_backward
 
-def _nbytes(aval, local: bool, in_hbm: bool = False) -> Bytes:
-  """Its HBM bytes (none in host memory; `in_hbm`: as if copied there)."""
+def _nbytes(aval, local: bool, in_hbm: bool = False,
+            slices_minor: bool = False) -> Bytes:
+  """Its HBM bytes (none in host memory; `in_hbm`: as if copied there;
+  `slices_minor`: in TPU tiles with its dims in order, a gather's result,
+  xla_rules.gathered_slices_minor)."""
   if xla_rules.on_host(aval) and not in_hbm:
     return (0, 0)
   shape = xla_rules.shape_of(aval, local)
-  n = math.prod(shape) * np.dtype(aval.dtype).itemsize
+  n = (tiled_in_order_bytes(shape, aval.dtype) if slices_minor
+       else math.prod(shape) * np.dtype(aval.dtype).itemsize)
   return (0, n) if carries_batch(shape) else (n, 0)
 
 
@@ -118,9 +123,12 @@ class _Plan:
   # ids of the calls computed inside their readers (xla_gpu_rules, inlined
   # calls): their bodies make no buffer
   inlined: set = dataclasses.field(default_factory=set)
-  # equation index -> the bytes of the copy an all-to-all stages its operand
-  # in, live while it runs (xla_rules, all-to-all staging)
-  staging: dict = dataclasses.field(default_factory=dict)
+  # equation index -> a buffer live while it runs beside its operands and
+  # results: (bytes, its value's aval, what it is); the copy an all-to-all
+  # stages its operand in (xla_rules, all-to-all staging), a gather's
+  # tile-padded result copied into its readers' layout (xla_rules, gathered
+  # slices minor)
+  beside: dict = dataclasses.field(default_factory=dict)
   # the schedule it was made for (ORDERS), which the bodies it runs follow
   # (`_inner_order`): a body with nothing to defer shares the deferred plan
   order: str = "deferred"
@@ -169,8 +177,9 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
   dead = xla_rules.dead_equations(jaxpr)
+  shared = {} if gpu else xla_rules.shared_reshards(eqns)
   no_buffer = (accumulated | {v for e in eqns if id(e) in dead
-                              for v in e.outvars}
+                              for v in e.outvars} | set(shared)
                | xla_gpu_rules.host_operands_in_place(eqns, readers, gpu))
   producer = {v: eqn for eqn in eqns for v in eqn.outvars}
   sunk = xla_gpu_rules.sunk_into_loops(eqns, readers, producer, gpu)
@@ -207,7 +216,10 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       else:
         size[v] = _nbytes(v.aval, local)
 
-  through: dict = {}  # value -> buffers_read(value), each found once
+  for v, made in shared.items():  # xla_rules, shared reshards
+    last[made] = max(last.get(made, -1), last.get(v, -1))
+  # value -> buffers_read(value), each found once
+  through: dict = {v: (made,) for v, made in shared.items()}
 
   def buffers_read(v) -> tuple:
     """The buffers a fusion reads through its operand v, in the order a
@@ -272,14 +284,22 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
                              for b in buffers_read(v)))
       for i, eqn in enumerate(eqns) if xla_rules.accumulation_loop(eqn)}
   inputs = set(jaxpr.invars) if arguments and not gpu else set()
-  staging = {i: _nbytes(eqn.invars[0].aval, local) for i, eqn in
-             enumerate(eqns) if id(eqn) not in dead
-             and xla_rules.moves_between_dims(eqn)
-             and isinstance(eqn.invars[0], jcore.Var)
-             and eqn.invars[0] in inputs  # its layout is not the fusion's
-             and size[eqn.outvars[0]] != (0, 0)}
+  beside = {i: (_nbytes(eqn.invars[0].aval, local), eqn.invars[0].aval,
+                "copied into the all-to-all's layout")
+            for i, eqn in enumerate(eqns) if id(eqn) not in dead
+            and xla_rules.moves_between_dims(eqn)
+            and isinstance(eqn.invars[0], jcore.Var)
+            and eqn.invars[0] in inputs  # its layout is not the fusion's
+            and size[eqn.outvars[0]] != (0, 0)}
+  if not gpu:
+    beside |= {i: (padded, v.aval, "as gathered, its slices minor in tiles")
+               for i, eqn in enumerate(eqns) if id(eqn) not in dead
+               for v in eqn.outvars if size[v] != (0, 0)
+               and xla_rules.gathered_slices_minor(eqn, v)
+               for padded in [_nbytes(v.aval, local, slices_minor=True)]
+               if sum(padded) > sum(size[v])}
   return _Plan(jaxpr, size, frees, reuses, stacks, reads, dead, splits,
-               first_micro_batch, inlined, staging=staging)
+               first_micro_batch, inlined, beside=beside)
 
 
 def _free_when_gathered(plan: _Plan, replaced: dict) -> None:
@@ -451,8 +471,8 @@ class _Simulation:
       for v in eqn.outvars:
         if v not in plan.reuses:
           live = _add(live, plan.size[v])
-      if i in plan.staging:
-        live = _add(live, plan.staging[i])
+      if i in plan.beside:
+        live = _add(live, plan.beside[i][0])
       yield i, eqn, live
 
   def transient(self, jaxpr, local: bool = False, in_place_out=(),
@@ -602,12 +622,11 @@ class _Simulation:
           out.append(buffer(v, producer[v]))
       out += [buffer(v, eqn) for v in eqn.outvars
               if v not in plan.reuses and plan.size[v] != (0, 0)]
-      if target in plan.staging:  # xla_rules, all-to-all staging
-        source = eqn.invars[0]
+      if target in plan.beside:  # xla_rules: all-to-all staging, ...
+        nbytes, aval, what = plan.beside[target]
         out.append(LiveBuffer(
-            f"{_where(eqn)}: {source.aval.str_short()} copied into the "
-            "all-to-all's layout", xla_rules.shape_of(source.aval, local),
-            str(source.aval.dtype), plan.staging[target],
+            f"{_where(eqn)}: {aval.str_short()} {what}",
+            xla_rules.shape_of(aval, local), str(aval.dtype), nbytes,
             scopes_of(eqn.source_info.name_stack),
             backward or made_by_backward(eqn)))
       if rest:

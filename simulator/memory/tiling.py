@@ -59,12 +59,23 @@ def tpu_tiled_bytes(shape: tuple[int, ...], dtype) -> int:
       if i == j:
         continue
       rest = [d for k, d in enumerate(shape) if k not in (i, j)]
-      second = shape[j]
-      tile = TILE_SECOND if second >= TILE_SECOND else 1 << (
-          max(second, 1) - 1).bit_length()
-      size = tiled(rest + [second, shape[i]], itemsize, (tile, TILE_MINOR))
+      size = _tiled_in_order(rest + [shape[j], shape[i]], itemsize)
       best = size if best is None else min(best, size)
   return best
+
+
+def tiled_in_order_bytes(shape: tuple[int, ...], dtype) -> int:
+  """Bytes of one per-device array of rank >= 2 stored with its dims in
+  their own order, the last minor: a layout the compiler is given rather
+  than picks (simulator.memory.xla_rules, gathered slices minor)."""
+  return _tiled_in_order(list(shape), np.dtype(dtype).itemsize)
+
+
+def _tiled_in_order(dims_major_to_minor: list[int], itemsize: int) -> int:
+  second = dims_major_to_minor[-2]
+  tile = TILE_SECOND if second >= TILE_SECOND else 1 << (
+      max(second, 1) - 1).bit_length()
+  return tiled(dims_major_to_minor, itemsize, (tile, TILE_MINOR))
 
 
 def layout_bytes(shape: tuple[int, ...], dtype, layout) -> int:

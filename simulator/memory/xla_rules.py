@@ -609,6 +609,30 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   beside the donated cache arguments c.k, c.v at the peak of
                   the llama2_7b decode step, v5p-8 4x1, batch 16, 1024 + 256
                   positions; temp 2.74 GB, 2.68 GB of it those stacks);
+                  but a stack whose slices the body overwrites whole, over
+                  a donated argument nothing else reads, is written into
+                  the argument's buffer (`_overwritten_argument`: T5's
+                  prefill's cross-attention cache, while.81{4} in the
+                  allocation of param.14, t5_3b v5p-8 2x2 batch 32);
+  shared reshards two reshards of one value into one layout in one
+                  computation are one collective (XLA's CSE), its result
+                  live to the last reader of either (`shared_reshards`,
+                  TPU; the shared embedding table's all-to-all for the
+                  encoder's and the decoder's lookups, bf16[16064,2,256],
+                  one `all-to-all` in the t5-v1_1-small prefill, v5p-8 2x2
+                  batch 64, live at XLA's peak in the encoder between the
+                  two lookups);
+  gathered slices a gather's result (through the calls that return it: a
+  minor           lookup's shard_map) keeps its gathered slices' dims
+                  minor, in TPU tiles: a slice narrower than 128 lanes is
+                  padded to them, live beside the dense copy its readers
+                  take while that is made; a gather of single elements
+                  (8-bit AdamW's code lookup) has no slice dims and is not
+                  read so (`gathered_slices_minor`, TPU; T5's
+                  relative position bias, each position pair's row of 8
+                  heads: f32[4194304,8]{1,0:T(8,128)}, 2.00 GiB for
+                  128 MiB of values, the largest buffer at XLA's peak of the
+                  t5_3b prefill, v5p-8 1x4 batch 16, 2048 + 256 positions);
   axes of one     a dim sharded over mesh axes of size 1 only is whole on
   device          every device, so a reshard that changes only such axes
                   is the same buffer (a view: simulator.tracing.trace's
@@ -1342,13 +1366,108 @@ def dead_equations(jaxpr) -> set:
   return dead
 
 
+def gathered_slices_minor(eqn, v) -> bool:
+  """The gathered-slices-minor rule: whether `v`, a result of `eqn`, is a
+  gather's, stored with its slices' dims minor in tiles (TPU). Seen
+  through the calls that return it."""
+  if eqn.primitive.name == "gather":  # rows of a table, not its elements
+    rank = len(v.aval.shape)
+    offset = tuple(eqn.params["dimension_numbers"].offset_dims)
+    return rank >= 2 and bool(offset) and offset == tuple(
+        range(rank - len(offset), rank))
+  if eqn.primitive.name not in ("jit", "pjit", "closed_call", "shard_map"):
+    return False
+  bodies = _subjaxprs(eqn)
+  if len(bodies) != 1:
+    return False
+  inner = getattr(bodies[0], "jaxpr", bodies[0])
+  out = inner.outvars[eqn.outvars.index(v)]
+  made = next((e for e in inner.eqns if out in e.outvars), None)
+  return made is not None and gathered_slices_minor(made, out)
+
+
+def shared_reshards(eqns) -> dict:
+  """The shared-reshards rule: each reshard of a value into a layout an
+  earlier equation of the same computation already resharded it into ->
+  that earlier result. XLA's CSE merges the two collectives into one, whose
+  buffer lives to the last reader of either (TPU)."""
+  first: dict = {}
+  shared: dict = {}
+  for eqn in eqns:
+    if eqn.primitive.name != "reshard" or not isinstance(eqn.invars[0],
+                                                          jcore.Var):
+      continue
+    out = eqn.outvars[0]
+    key = (eqn.invars[0], spec_of(out.aval), out.aval.dtype)
+    if key in first:
+      shared[out] = first[key]
+    else:
+      first[key] = out
+  return shared
+
+
 def donated_in_place(jaxpr, donated: list) -> list:
   """The stacked-outputs-not-donated rule: of the outputs returned into
   donated buffers, those a loop stacks are left out (a buffer of their
-  own)."""
-  stacked = {v for e in jaxpr.eqns if e.primitive.name == "scan"
-             for v in e.outvars[loops.scan_counts(e)[1]:]}
+  own), but for a stack written whole over a donated argument nothing else
+  reads (`_overwritten_argument`)."""
+  readers: dict = {}
+  for e in jaxpr.eqns:
+    for v in e.invars:
+      if isinstance(v, jcore.Var):
+        readers.setdefault(v, []).append(e)
+  arguments = set(jaxpr.invars)
+  stacked = set()
+  for e in jaxpr.eqns:
+    if e.primitive.name != "scan":
+      continue
+    for v in e.outvars[loops.scan_counts(e)[1]:]:
+      operand = _overwritten_argument(e, v)
+      if not (operand in arguments and readers.get(operand) == [e]):
+        stacked.add(v)
   return [v for v in donated if v not in stacked]
+
+
+def _overwritten_argument(scan, out):
+  """The stacked operand of `scan` whose slices its body overwrites whole
+  to make the stacked output `out` (None if none): each iteration's slice a
+  dynamic_update_slice of an update of the slice's own shape, which XLA's
+  algebraic simplifier replaces by the update, so the body never reads the
+  operand. The written-whole stacks rule: XLA's while loop then writes the
+  output's slices into the operand's buffer, in place (T5's prefill, which
+  writes the cross-attention cache over the prompt whole: while.81{4} and
+  {5}, bf16[24,16,1024,16,128], share allocation 6 and 7 with the donated
+  cache arguments param.14 and param.15, t5_3b v5p-8 2x2 batch 32, 1024 +
+  256 positions; the decoder's own cache, written one position at a time,
+  keeps its own stacks)."""
+  consts, carries = loops.scan_counts(scan)
+  body = scan.params["jaxpr"].jaxpr
+  i = scan.outvars.index(out)
+  written = _written_whole(body, body.outvars[i])
+  if written is None or written not in body.invars:
+    return None
+  j = body.invars.index(written)
+  return scan.invars[j] if j >= consts + carries else None
+
+
+def _written_whole(jaxpr, v):
+  """The input of `jaxpr` that `v` overwrites whole by a
+  dynamic_update_slice (through jit calls), or None."""
+  producer = next((e for e in jaxpr.eqns if v in e.outvars), None)
+  if producer is None:
+    return None
+  name = producer.primitive.name
+  if name == "dynamic_update_slice":
+    operand, update = producer.invars[:2]
+    return (operand if update.aval.shape == operand.aval.shape else None)
+  bodies = _subjaxprs(producer)
+  if name in ("jit", "pjit", "closed_call") and len(bodies) == 1:
+    inner = getattr(bodies[0], "jaxpr", bodies[0])
+    written = _written_whole(inner,
+                             inner.outvars[producer.outvars.index(v)])
+    if written is not None and written in inner.invars:
+      return producer.invars[inner.invars.index(written)]
+  return None
 
 
 def is_loop(eqn) -> bool:

@@ -119,14 +119,17 @@ def fusible(eqn) -> bool:
 def read_inputs(jaxpr) -> list[bool]:
   """Which inputs of `jaxpr` the program reads, as jit's dead-code pass sees
   it: an input nothing live reads is dropped from the compiled arguments
-  (Adafactor's (1,) placeholder moments), so it takes no argument memory."""
+  (Adafactor's (1,) placeholder moments), so it takes no argument memory.
+  A scan's operand its body does not read is dropped too (JAX's scan
+  dead-code rule): an encoder-decoder's decode step, whose decoder scan is
+  handed every layer's cross-attention k and v projections, reads none."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   read = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
   for eqn in reversed(jaxpr.eqns):
     if not eqn.effects and not any(v in read for v in eqn.outvars):
       continue  # dead: jit drops it
     inner = _inner_jaxpr(eqn) if eqn.primitive.name in (
-        "jit", "pjit", "closed_call") else None
+        "jit", "pjit", "closed_call", "scan") else None
     if inner is not None and len(inner.invars) == len(eqn.invars):
       reads = read_inputs(inner)
     else:  # other higher-order ops: assume every operand is read
