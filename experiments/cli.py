@@ -168,10 +168,9 @@ def define_moe_flags() -> None:
                     "moved to them by all-to-all over X")
 
 
-def define_vision_flags() -> None:
-  """--images_per_sample, --image_size, --patch_size, --train_vision,
-  --vision_sharding (a vision-language model's images and tower; a text
-  model refuses them)."""
+def define_image_flags() -> None:
+  """--images_per_sample, --image_size, --patch_size: a vision-language
+  model's images (a text model refuses them)."""
   d = S.TrainSettings()
   flags.DEFINE_integer("images_per_sample", d.images_per_sample,
                        "vision-language model: images per sequence, each "
@@ -181,6 +180,14 @@ def define_vision_flags() -> None:
                        "image side in pixels; 0: the model's")
   flags.DEFINE_integer("patch_size", d.patch_size, "vision-language model: "
                        "patch side in pixels; 0: the model's")
+
+
+def define_vision_flags() -> None:
+  """--images_per_sample, --image_size, --patch_size, --train_vision,
+  --vision_sharding (a vision-language model's images and tower; a text
+  model refuses them)."""
+  d = S.TrainSettings()
+  define_image_flags()
   flags.DEFINE_boolean("train_vision", d.train_vision, "vision-language "
                        "model: train the vision tower too (default: frozen, "
                        "as LLaVA-1.5; the projector and LM train)")

@@ -2,12 +2,15 @@
 
   python -m experiments.inference_report --model=llama2_7b --topology=v5p-8 \
       --mesh=4x1 --batch=16 --prompt=1024 --generate=256 [--kv_dtype=int8] \
-      [--attention=flash] [--compile] [--format=json]
+      [--attention=flash] [--images_per_sample=N --image_size=PX
+      --patch_size=PX] [--compile] [--format=json]
 
 Both steps are the training code's Decoder run with a KV cache
 (simulator.serve_step; an encoder-decoder's prefill encodes the prompt once
 and caches each decoder layer's cross-attention k and v of it, its decode
-steps run the decoder alone), traced under the abstract mesh: weights and the
+steps run the decoder alone; a vision-language model's prefill runs its
+vision tower on the images and the LM over [image tokens; prompt], its
+decode steps the LM alone), traced under the abstract mesh: weights and the
 cache per device, each step's peak from the live-range model
 (simulator.memory.liveness), decode and prefill times from a roofline,
 throughput at the batch, the verdict (simulator.inference). --compile also
@@ -25,7 +28,9 @@ from absl import flags
 
 from experiments import cli
 from meshes.hardware import GiB
+from models.vision import image_tokens
 from simulator import inference, settings as S
+from simulator.serve_step import serve_config
 from simulator.step import kv_heads_note
 
 FLAGS = flags.FLAGS
@@ -38,6 +43,7 @@ flags.DEFINE_enum("kv_dtype", _D.kv_dtype, list(S.KV_DTYPES),
                   "KV cache dtype (int8: a bf16 scale per token per kv head)")
 flags.DEFINE_enum("attention", _D.attention, list(S.ATTENTIONS),
                   "the prefill's attention kernel")
+cli.define_image_flags()
 flags.DEFINE_bool("compile", False, "compile both steps for --topology and "
                   "compare XLA's peaks")
 
@@ -46,9 +52,15 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
            ) -> str:
   s, hbm = e.serve, e.hbm_bytes
   g = lambda n: f"{n / GiB:.3f} GiB"
+  cfg = serve_config(cfg, s)
+  images = image_tokens(cfg, s.images)
   positions = (f"prompt {s.prompt} (encoded once, cross-attention cache) "
                f"+ generate {s.generate} (decoder cache)"
                if cfg.encoder_decoder else
+               f"{s.images} image(s) x ({cfg.image_size}/{cfg.patch_size})^2"
+               f" = {images} image tokens + prompt {s.prompt} + generate "
+               f"{s.generate} = {images + s.length} cache positions"
+               if cfg.vision else
                f"prompt {s.prompt} + generate {s.generate} = {s.length} "
                "cache positions")
   lines = [f"{e.model}: batch {s.batch}, {positions}, kv {s.kv_dtype}, "
@@ -93,7 +105,9 @@ def main(argv) -> None:
   del argv
   cfg, plan = cli.model_and_plan()
   serve = S.ServeSettings(FLAGS.batch, FLAGS.prompt, FLAGS.generate,
-                          FLAGS.kv_dtype, FLAGS.attention)
+                          FLAGS.kv_dtype, FLAGS.attention,
+                          FLAGS.images_per_sample, FLAGS.image_size,
+                          FLAGS.patch_size)
   estimate = inference.inference_report(cfg, serve, plan)
   compiled = comparison = None
   if FLAGS.compile:

@@ -15,6 +15,10 @@ parameter, as the checkpoint and an optimizer training the tower hold it,
 though LLaVA never reads it; LLaVA reads the penultimate layer's output
 (`mm_vision_select_layer: -2`), here the last layer's: the tower runs one
 layer more than LLaVA needs (the same parameters, 1/L more tower work).
+Serving (a KV cache given): the prefill runs the tower and the projector
+on the images and the LM over [image tokens; prompt], writing the cache
+from position 0; a decode step runs the LM alone (the images are in the
+cache).
 The tower's attention is materialized whatever the LM's kernel: its P+1
 positions (577 at 336 px) are no multiple of a flash block, and HF's CLIP
 attention is the plain softmax(QK^T)V.
@@ -31,7 +35,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models import scopes
+from models import decode, scopes
 from models.config import ModelConfig
 from models.layers import Dense, Mlp, Norm, activation, weight
 from models.rules import FSDP_TP, AxisRules, data_parallel_rules
@@ -168,20 +172,28 @@ class VisionLanguage(nn.Module):
   tower_replicated: bool = False  # the tower whole on every device
 
   @nn.compact
-  def __call__(self, inputs: jax.Array, images: jax.Array,
-               targets: jax.Array) -> jax.Array:
-    tower_rules = (data_parallel_rules(self.rules) if self.tower_replicated
-                   else self.rules)
-    with jax.named_scope("vision"):
-      features = VisionTower(self.cfg, tower_rules, self.remat, self.dtype,
-                             self.param_dtype,
-                             name="vision_tower")(images)
-      tokens = self._project(features)
+  def __call__(self, inputs: jax.Array, images: jax.Array | None,
+               targets: jax.Array | None = None,
+               cache: decode.KVCache | None = None,
+               pos: jax.Array | int = 0):
+    """Training: the loss. Serving (`cache` given): `images` at the
+    prefill, None at a decode step → (next-token logits [B, V] f32, the
+    updated cache), as models.transformer.Decoder serves."""
+    tokens = None
+    if images is not None:
+      tower_rules = (data_parallel_rules(self.rules) if self.tower_replicated
+                     else self.rules)
+      with jax.named_scope("vision"):
+        features = VisionTower(self.cfg, tower_rules, self.remat, self.dtype,
+                               self.param_dtype,
+                               name="vision_tower")(images)
+        tokens = self._project(features)
     return Decoder(self.cfg, self.rules, self.remat, self.attention,
                    self.loss_chunks, dtype=self.dtype,
                    param_dtype=self.param_dtype, lora=self.lora,
                    quant=self.quant, name="language_model")(
-                       inputs, targets, prefix_BxPxD=tokens)
+                       inputs, targets, cache=cache, pos=pos,
+                       prefix_BxPxD=tokens)
 
   def _project(self, x_BxPxE: jax.Array) -> jax.Array:
     """Patch features → LM-width image tokens: Linear, GELU, Linear."""

@@ -16,7 +16,14 @@ the prefill encodes the prompt once, writes each decoder layer's
 cross-attention k and v of it into the cache (over the prompt's P
 positions) and runs the decoder's first position on the start token; a
 decode step runs the decoder alone, its own k and v cached over the
-`generate` positions.
+`generate` positions. A vision-language model (models.vision) serves as
+LLaVA generates:
+
+  prefill(params, cache, images_BxNxHxWx3, prompt_BxP) -> (cache, logits_BxV)
+
+the vision tower and projector on the images, the LM over [image tokens;
+prompt] written into a cache of image tokens + prompt + generate
+positions; its decode steps are the LM's alone.
 The cache is donated to each step and comes back updated, as a serving loop
 runs them. Layouts, from the rules tables: weights in bf16, replicated over X
 (data-parallel serving) and TP over Y; the cache's batch over X and kv heads
@@ -34,9 +41,10 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from models import decode
-from models.config import ModelConfig
+from models.config import ModelConfig, at_resolution
 from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, rules_for
+from models.vision import image_tokens
 from simulator.settings import ServeSettings
 from simulator.step import (check_divisible, lay_out_params, mesh_rules,
                             pad_vocab)
@@ -56,9 +64,11 @@ class ServeStep:
   tokens: jax.ShapeDtypeStruct  # what the decoder reads
   pos: jax.ShapeDtypeStruct | None  # decode only
   rules: AxisRules
-  model: Any  # the Decoder or the EncoderDecoder
+  model: Any  # the Decoder, the EncoderDecoder or the VisionLanguage
   vocab_padding: int
-  prompt: jax.ShapeDtypeStruct | None = None  # an encoder's, prefill only
+  # what the prefill reads besides the tokens: an encoder-decoder's prompt,
+  # a vision-language model's images
+  context: jax.ShapeDtypeStruct | None = None
 
   @property
   def args(self) -> tuple:
@@ -68,7 +78,7 @@ class ServeStep:
   def data(self) -> tuple:
     """The arguments after the weights and the cache: the step's tokens
     (and position)."""
-    return tuple(x for x in (self.prompt, self.tokens, self.pos)
+    return tuple(x for x in (self.context, self.tokens, self.pos)
                  if x is not None)
 
   @property
@@ -84,14 +94,25 @@ def serve_rules(cfg: ModelConfig, mesh,
   return mesh_rules(cfg, rules_for(False, base_rules), mesh)
 
 
+def serve_config(cfg: ModelConfig, serve: ServeSettings) -> ModelConfig:
+  """`cfg` at the serving images' resolution (models.config.at_resolution);
+  image settings for a text model are a one-line ValueError."""
+  if not cfg.vision and serve.images_per_sample:
+    raise ValueError(f"images_per_sample={serve.images_per_sample}: "
+                     f"{cfg.name} has no vision tower; images go with a "
+                     "vision-language model (e.g. llava_1_5_7b)")
+  return at_resolution(cfg, serve.image_size, serve.patch_size)
+
+
+def cache_positions(cfg: ModelConfig, serve: ServeSettings) -> int:
+  """A decoder's cache positions per sequence: the image tokens (a
+  vision-language model's), the prompt and the generated tokens."""
+  return image_tokens(cfg, serve.images) + serve.length
+
+
 def check_serve(cfg: ModelConfig, serve: ServeSettings) -> None:
-  """Refuse what this model cannot serve: no attention, no embeddings, a
-  vision tower (the serving steps are a text model's), or more positions
-  than its learned position table has."""
-  if cfg.vision:
-    raise ValueError(f"model {cfg.name!r} is a vision-language model; "
-                     "serving with a KV cache is built for text decoders "
-                     "(its language model's config serves)")
+  """Refuse what this model cannot serve: no attention, no embeddings, or
+  more positions than its learned position table has."""
   if not (cfg.attention and cfg.embeddings):
     raise ValueError(f"model {cfg.name!r} has no attention or no token "
                      f"embeddings: there is no KV cache to serve it with")
@@ -125,13 +146,14 @@ def cache_args(cfg: ModelConfig, serve: ServeSettings, rules: AxisRules,
   if cfg.encoder_decoder:
     return decode.Seq2SeqCache(kv(serve.generate, "kv cache"),
                                kv(serve.prompt, "cross-attention cache"))
-  return kv(serve.length, "kv cache")
+  return kv(cache_positions(cfg, serve), "kv cache")
 
 
 def build_serve_steps(cfg: ModelConfig, serve: ServeSettings, mesh,
                       base_rules: AxisRules = FSDP_TP
                       ) -> dict[str, ServeStep]:
   """The prefill and decode steps for `mesh` (abstract or real)."""
+  cfg = serve_config(cfg, serve)
   check_serve(cfg, serve)
   rules = serve_rules(cfg, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
@@ -148,28 +170,31 @@ def build_serve_steps(cfg: ModelConfig, serve: ServeSettings, mesh,
     return _sds(shape, jnp.int32, mesh, token_spec)
 
   pos = _sds((), jnp.int32, mesh, jax.sharding.PartitionSpec())
-  decode_tokens = ids("decode tokens", 1)
-  if cfg.encoder_decoder:
-    def run(p, c, prompt, tokens, at):
-      logits, c = model.apply({"params": p}, prompt, tokens, cache=c, pos=at)
-      return c, logits
+  prompt = ids("prefill tokens", serve.prompt)
+  if cfg.encoder_decoder:  # the prompt encoded, the decoder from its start
+    context, first = prompt, ids("decoder start tokens", 1)
+    call = lambda p, c, x, t, at: model.apply({"params": p}, x, t, cache=c,
+                                              pos=at)
+  elif cfg.vision:  # the images before the prompt
+    shape = (serve.batch, serve.images, cfg.image_size, cfg.image_size, 3)
+    spec = rules.spec("activations", ("batch",))
+    check_divisible(f"images {shape}", shape, spec, mesh)
+    context, first = _sds(shape, jnp.bfloat16, mesh, spec), prompt
+    call = lambda p, c, x, t, at: model.apply({"params": p}, t, x, cache=c,
+                                              pos=at)
+  else:
+    context, first = None, prompt
+    call = lambda p, c, x, t, at: model.apply({"params": p}, t, cache=c,
+                                              pos=at)
 
-    prefill = ServeStep("prefill", lambda p, c, x, t: run(p, c, x, t, 0),
-                        params, cache, ids("decoder start tokens", 1), None,
-                        rules, model, vocab_padding,
-                        prompt=ids("prefill tokens", serve.prompt))
-    return {"prefill": prefill,
-            "decode": ServeStep("decode", lambda p, c, t, at: run(
-                p, c, None, t, at), params, cache, decode_tokens, pos, rules,
-                                model, vocab_padding)}
-
-  def run(p, c, tokens, at):
-    logits, c = model.apply({"params": p}, tokens, cache=c, pos=at)
+  def run(p, c, x, tokens, at):
+    logits, c = call(p, c, x, tokens, at)
     return c, logits
 
-  return {"prefill": ServeStep("prefill", lambda p, c, t: run(p, c, t, 0),
-                               params, cache, ids("prefill tokens",
-                                                  serve.prompt), None, rules,
-                               model, vocab_padding),
-          "decode": ServeStep("decode", run, params, cache, decode_tokens,
-                              pos, rules, model, vocab_padding)}
+  prefill = ((lambda p, c, t: run(p, c, None, t, 0)) if context is None
+             else (lambda p, c, x, t: run(p, c, x, t, 0)))
+  step = lambda phase, fn, tokens, at, x=None: ServeStep(
+      phase, fn, params, cache, tokens, at, rules, model, vocab_padding, x)
+  return {"prefill": step("prefill", prefill, first, None, context),
+          "decode": step("decode", lambda p, c, t, at: run(p, c, None, t, at),
+                         ids("decode tokens", 1), pos)}

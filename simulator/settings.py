@@ -104,11 +104,7 @@ class TrainSettings:
       raise ValueError(f"grad_accum={self.grad_accum} with pp={self.pp}: a "
                        "pipeline runs its micro-batches itself; use "
                        "microbatches")
-    for field in ("images_per_sample", "image_size", "patch_size"):
-      value = getattr(self, field)
-      if not isinstance(value, int) or value < 0:
-        raise ValueError(f"{field}={value!r} must be an integer >= 0 (0: "
-                         "the model's)")
+    _check_image_fields(self)
     if not isinstance(self.target_seq, int) or self.target_seq < 0:
       raise ValueError(f"target_seq={self.target_seq!r} must be an integer >= "
                        "0 (0: the same as seq)")
@@ -161,6 +157,15 @@ def settings_from(values: Mapping[str, Any]) -> TrainSettings:
   return TrainSettings(**{k: v for k, v in values.items() if k in names})
 
 
+def _check_image_fields(settings) -> None:
+  """A one-line ValueError for a negative (or non-integer) image setting."""
+  for field in ("images_per_sample", "image_size", "patch_size"):
+    value = getattr(settings, field)
+    if not isinstance(value, int) or value < 0:
+      raise ValueError(f"{field}={value!r} must be an integer >= 0 (0: "
+                       "the model's)")
+
+
 KV_DTYPES = ("bf16", "int8")
 
 
@@ -168,19 +173,25 @@ KV_DTYPES = ("bf16", "int8")
 class ServeSettings:
   """Serving with a KV cache: `batch` sequences, each a prompt of `prompt`
   tokens (one prefill) then `generate` tokens (one decode step each); the
-  cache holds prompt + generate positions."""
+  cache holds prompt + generate positions (a vision-language model's, its
+  image tokens too: the images, as in training, at the model's resolution
+  where 0)."""
 
   batch: int = 8
   prompt: int = 1024
   generate: int = 256
   kv_dtype: str = "bf16"
   attention: str = "flash"  # the prefill's kernel
+  images_per_sample: int = 0
+  image_size: int = 0
+  patch_size: int = 0
 
   def __post_init__(self):
     for field in ("batch", "prompt", "generate"):
       value = getattr(self, field)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{field}={value!r} must be a positive integer")
+    _check_image_fields(self)
     for field, valid in (("kv_dtype", KV_DTYPES), ("attention", ATTENTIONS)):
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r}; valid: "
@@ -188,5 +199,10 @@ class ServeSettings:
 
   @property
   def length(self) -> int:
-    """The cache's positions per sequence."""
+    """The text's positions per sequence."""
     return self.prompt + self.generate
+
+  @property
+  def images(self) -> int:
+    """Images per sequence of a vision-language model."""
+    return self.images_per_sample or 1

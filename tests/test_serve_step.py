@@ -85,6 +85,24 @@ def test_encoder_decoder_steps_cache_both_attentions():
   assert "encoder" not in scopes(step) and "decoder" in scopes(step)
 
 
+def test_vision_language_steps_take_the_images_then_the_prompt():
+  """llava_1_5_7b at 336 px: the prefill takes [B, 1, 336, 336, 3] images
+  (batch over X) and the prompt, the cache holds 576 image tokens before
+  the text; a decode step runs the LM alone, no vision scope in it."""
+  mesh = _mesh("v5p-8", 2, 2)
+  steps = build_serve_steps(load_model("llava_1_5_7b"), ServeSettings(
+      batch=8, prompt=448, generate=64), mesh)  # 576 + 448: flash blocks
+  prefill, step = steps["prefill"], steps["decode"]
+  assert step.cache.k.shape == (32, 8, 576 + 448 + 64, 32, 128)
+  images, prompt = prefill.data
+  assert images.shape == (8, 1, 336, 336, 3) and prompt.shape == (8, 448)
+  assert images.sharding.spec[0] == "X"
+  scopes = lambda s: {e.source_info.name_stack.stack[1].name
+                      for e in _jaxpr(s, mesh).eqns
+                      if len(e.source_info.name_stack.stack) > 1}
+  assert "vision" in scopes(prefill) and "vision" not in scopes(step)
+
+
 def _jaxpr(step, mesh):
   with jax.sharding.use_abstract_mesh(mesh):
     return jax.make_jaxpr(step.fn)(*step.args).jaxpr
@@ -96,7 +114,9 @@ def _jaxpr(step, mesh):
     ("gpt2", dict(batch=4, prompt=1000, generate=100), ValueError,
      "1000 \\+ 100 = 1100 exceeds gpt2's 1024 learned positions"),
     ("xxl_ffn", {}, ValueError, "no KV cache"),  # no attention
-    ("tiny_vlm", {}, ValueError, "'tiny_vlm' is a vision-language model"),
+    ("tiny", dict(image_size=64), ValueError, "tiny has no vision tower"),
+    ("tiny_vlm", dict(batch=4, prompt=8, generate=8, image_size=36),
+     ValueError, "image_size=36"),
 ])
 def test_what_cannot_be_served_is_refused(model, serve, error, message):
   with pytest.raises(error, match=message):

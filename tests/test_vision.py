@@ -18,6 +18,7 @@ from meshes.topology import parse_topology
 from models.hf_config import from_hf_config
 from models.params import abstract_params, module_class, num_params
 from models.presets import PRESETS
+from models import decode
 from models.config import at_resolution
 from models.vision import image_tokens
 from simulator import memory
@@ -202,17 +203,76 @@ def test_cli_refuses_with_one_line(args, message, refused_by_memory_report):
   refused_by_memory_report(args, message)
 
 
-def test_inference_report_refuses_a_vision_language_model():
+@pytest.mark.parametrize("kv_dtype, tol", [("bf16", 2e-3), ("int8", 1e-2)])
+def test_served_logits_give_the_training_loss(kv_dtype, tol):
+  """LLaVA served (the prefill: the tower on the images and the LM over
+  [image tokens; the first text token]; then one decode step per later
+  text token at its position after the image tokens) reads the training
+  loss over the text; one decode step a position too far does not."""
+  images = jax.random.normal(jax.random.key(3), (2, 1, 32, 32, 3))
+  ids = jax.random.randint(jax.random.key(4), (2, 6), 0, TINY.vocab_size)
+  model = module_class(TINY)(TINY, attention="materialized",
+                             dtype=jnp.float32, param_dtype=jnp.float32)
+  params = jax.jit(model.init)(jax.random.key(0), ids, images, ids)["params"]
+  trained = float(model.apply({"params": params}, ids, images, ids))
+  n = image_tokens(TINY, 1)
+  serve = jax.jit(lambda c, x, t, pos: model.apply(
+      {"params": params}, t, x, cache=c, pos=pos))
+
+  def served(skip=None):
+    cache = decode.KVCache(**{
+        k: jnp.zeros(shape, dtype) for k, (shape, dtype, _) in
+        decode.cache_layout(TINY.n_layers, 2, n + ids.shape[1] + 1,
+                            TINY.n_kv_heads, TINY.head_dim, kv_dtype).items()})
+    logits, cache = serve(cache, images, ids[:, :1], 0)
+    steps = [logits]
+    for i in range(1, ids.shape[1]):
+      logits, cache = serve(cache, None, ids[:, i:i + 1],
+                            jnp.int32(n + i + (i == skip)))
+      steps.append(logits)
+    logits_BxSxV = jnp.stack(steps, axis=1)
+    nll = (jax.nn.logsumexp(logits_BxSxV, axis=-1) - jnp.take_along_axis(
+        logits_BxSxV, ids[..., None], axis=-1)[..., 0])
+    return float(jnp.mean(nll))
+
+  error = abs(served() - trained)
+  assert error <= tol * abs(trained)
+  assert abs(served(skip=3) - trained) > 5 * error
+
+
+def test_inference_report_serves_the_images_then_the_text():
+  """tiny_vlm 2x2: 16 image tokens + 64 + 16 text positions cached; the
+  prefill reads the weights LLaVA reads, the decode step no tower or
+  projector weight."""
   p = subprocess.run(
       [sys.executable, "-m", "experiments.inference_report",
-       "--model=tiny_vlm", "--topology=v5p-8", "--batch=4", "--prompt=64",
-       "--generate=16"], cwd=ROOT,
+       "--model=tiny_vlm", "--topology=v5p-8", "--mesh=2x2", "--batch=4",
+       "--prompt=64", "--generate=16", "--attention=materialized",
+       "--format=json"], cwd=ROOT,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+      text=True, timeout=120)
+  assert p.returncode == 0, p.stderr
+  data = json.loads(p.stdout)
+  # k and v, 2 layers, 2 sequences and 1 kv head per device, 16 dims, bf16
+  assert data["kv_cache_bytes"] == 2 * 2 * 2 * (16 + 64 + 16) * 1 * 16 * 2
+  decode_phase, prefill = data["phases"]["decode"], data["phases"]["prefill"]
+  # every weight but CLIP's post_layernorm (scale and bias of 32), which
+  # LLaVA never reads
+  assert data["weights_bytes"] + data["kv_cache_bytes"] - prefill[
+      "hbm_bytes"] == 2 * 32 * 2
+  assert decode_phase["hbm_bytes"] < prefill["hbm_bytes"]
+
+
+def test_inference_report_refuses_images_for_a_text_model():
+  p = subprocess.run(
+      [sys.executable, "-m", "experiments.inference_report",
+       "--model=tiny", "--topology=v5p-8", "--batch=4", "--prompt=64",
+       "--generate=16", "--images_per_sample=2"], cwd=ROOT,
       env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
       text=True, timeout=120)
   assert (p.returncode, p.stderr.strip()) == (
-      2, "error: model 'tiny_vlm' is a vision-language model; serving with a"
-      " KV cache is built for text decoders (its language model's config "
-      "serves)")
+      2, "error: images_per_sample=2: tiny has no vision tower; images go "
+      "with a vision-language model (e.g. llava_1_5_7b)")
 
 
 LLAVA_JSON = os.path.join(ROOT, "models", "configs", "llava-1.5-7b-hf.json")

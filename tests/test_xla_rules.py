@@ -1179,6 +1179,32 @@ def test_two_reshards_of_a_value_into_one_layout_are_one_buffer():
   assert live_at_sin(False) - live_at_sin(True) == local
 
 
+def test_a_slice_updated_in_part_is_a_buffer_of_the_loop_body():
+  """The updated slices rule: a loop body writing one position of its
+  stacked operand's slice (a KV cache layer at a decode step) reads the
+  slice out into a buffer of its own, updates it and writes it into the
+  output stack; a slice written whole, or an output that is no update of
+  a slice, is written in place."""
+  def step(cache_LxTxN, x_SxN):
+    def body(carry, slice_TxN):
+      new = jax.lax.dynamic_update_slice_in_dim(slice_TxN, x_SxN + carry, 0,
+                                                axis=0)
+      return carry + 1.0, (new, slice_TxN * 2.0)
+    _, (new, doubled) = jax.lax.scan(body, jnp.zeros((), jnp.float32),
+                                     cache_LxTxN)
+    return new, doubled
+
+  stack = jax.ShapeDtypeStruct((8, 16, 1024), jnp.float32)
+  for rows, copied in ((4, 1), (16, 0)):
+    j = jax.make_jaxpr(step)(stack, jax.ShapeDtypeStruct((rows, 1024),
+                                                         jnp.float32)).jaxpr
+    scan = _eqn(j, "scan")
+    body = scan.params["jaxpr"].jaxpr
+    assert xla_rules.sliced_updates(scan) == body.outvars[1:1 + copied]
+    (_, _, in_place), = xla_rules.calls(scan, False)
+    assert len(in_place) == len(body.outvars) - copied
+
+
 def test_a_stack_written_whole_over_a_donated_argument_is_in_place():
   """The written-whole stacks: a loop whose body overwrites each slice of
   a donated stack whole (T5's prefill writing the cross-attention cache)

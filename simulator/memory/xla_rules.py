@@ -622,6 +622,13 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   one `all-to-all` in the t5-v1_1-small prefill, v5p-8 2x2
                   batch 64, live at XLA's peak in the encoder between the
                   two lookups);
+  updated slices  a loop body's update of part of a slice of a stacked
+                  operand (a KV cache layer written at one position) is a
+                  buffer of its own: XLA reads the slice out of the stack,
+                  updates it and writes it into the output stack
+                  (`sliced_updates`; the llava_mini v5p-8 2x2 batch 32
+                  decode: one layer's k and v, bf16[16,1152,4,128], 18 MiB
+                  each, live in the layer loop's body);
   gathered slices a gather's result (through the calls that return it: a
   minor           lookup's shard_map) keeps its gathered slices' dims
                   minor, in TPU tiles: a slice narrower than 128 lanes is
@@ -1440,34 +1447,58 @@ def _overwritten_argument(scan, out):
   cache arguments param.14 and param.15, t5_3b v5p-8 2x2 batch 32, 1024 +
   256 positions; the decoder's own cache, written one position at a time,
   keeps its own stacks)."""
+  body = scan.params["jaxpr"].jaxpr
+  j = _updated_slice(scan, body.outvars[scan.outvars.index(out)])
+  return scan.invars[j] if j is not None and _updated(
+      body, body.outvars[scan.outvars.index(out)])[1] else None
+
+
+def _updated_slice(scan, v):
+  """The index among `scan`'s operands of the stacked operand whose slice
+  its body's output `v` updates by a dynamic_update_slice (through jit
+  calls), or None."""
   consts, carries = loops.scan_counts(scan)
   body = scan.params["jaxpr"].jaxpr
-  i = scan.outvars.index(out)
-  written = _written_whole(body, body.outvars[i])
-  if written is None or written not in body.invars:
+  operand, _ = _updated(body, v)
+  if operand is None or operand not in body.invars:
     return None
-  j = body.invars.index(written)
-  return scan.invars[j] if j >= consts + carries else None
+  j = body.invars.index(operand)
+  return j if j >= consts + carries else None
 
 
-def _written_whole(jaxpr, v):
-  """The input of `jaxpr` that `v` overwrites whole by a
-  dynamic_update_slice (through jit calls), or None."""
+def _updated(jaxpr, v):
+  """(The input of `jaxpr` that `v` is a dynamic_update_slice of, through
+  jit calls, or None; whether the update covers it whole)."""
   producer = next((e for e in jaxpr.eqns if v in e.outvars), None)
   if producer is None:
-    return None
+    return None, False
   name = producer.primitive.name
   if name == "dynamic_update_slice":
     operand, update = producer.invars[:2]
-    return (operand if update.aval.shape == operand.aval.shape else None)
+    return operand, update.aval.shape == operand.aval.shape
   bodies = _subjaxprs(producer)
   if name in ("jit", "pjit", "closed_call") and len(bodies) == 1:
     inner = getattr(bodies[0], "jaxpr", bodies[0])
-    written = _written_whole(inner,
-                             inner.outvars[producer.outvars.index(v)])
-    if written is not None and written in inner.invars:
-      return producer.invars[inner.invars.index(written)]
-  return None
+    operand, whole = _updated(inner,
+                              inner.outvars[producer.outvars.index(v)])
+    if operand is not None and operand in inner.invars:
+      return producer.invars[inner.invars.index(operand)], whole
+  return None, False
+
+
+def sliced_updates(scan) -> list:
+  """The updated slices rule: the outputs of `scan`'s body that update
+  part of their stacked operand's slice (a dynamic_update_slice of fewer
+  positions than the slice has). XLA's loop reads the slice out of the
+  operand's stack into a buffer of its own, updates it there and writes it
+  into the output stack, so the updated slice is a buffer in the body, not
+  written in place (the llava_mini v5p-8 2x2 batch 32 decode step: one
+  layer's k and v, bf16[16,1152,4,128], 18 MiB each, live in the layer
+  loop's body beside the stacks; a decoder's decode step alike)."""
+  body = scan.params["jaxpr"].jaxpr
+  return [v for v in body.outvars if isinstance(v, jcore.Var)
+          and _updated_slice(scan, v) is not None
+          and not _updated(body, v)[1]]
 
 
 def is_loop(eqn) -> bool:
@@ -1493,7 +1524,8 @@ def calls(eqn, local: bool) -> list[tuple[object, bool, list]]:
   subs = _subjaxprs(eqn)
   if eqn.primitive.name == "scan":  # carries and stacked outputs in place
     body = subs[0]
-    return [(body, local, body.outvars)]
+    copied = set(sliced_updates(eqn))
+    return [(body, local, [v for v in body.outvars if v not in copied])]
   inner_local = local or eqn.primitive.name == "shard_map"
   return [(sub, inner_local, sub.outvars) for sub in subs]
 
