@@ -14,7 +14,8 @@ Memory per device (bytes):
             simulation the training path uses (simulator.memory.liveness), the
             cache written in place into its donated buffer; the step is
             simulated as traced at the probe batch and read at its own, as a
-            training step is (`probe_serve`);
+            training step is (`probe_serve`), the rules whose choice turns on
+            the batch deciding at its own (`batch_scale`);
   fits      the larger peak plus the planning overhead
             (simulator.memory.OVERHEAD_FRACTION) within the chip's HBM.
 
@@ -181,7 +182,8 @@ def _phase(step: ServeStep, jaxpr, probed: ServeStep, probe_jaxpr,
   chip = plan.topology.chip
   args = argument_bytes(step, jaxpr, chip.kind == "tpu")
   batch, probe = step.tokens.shape[0], probed.tokens.shape[0]
-  points = liveness.simulate(probe_jaxpr, probed.donated_outputs)
+  points = liveness.simulate(probe_jaxpr, probed.donated_outputs,
+                             batch_scale=batch / probe)
   transient, index = points.peak_at(batch, probe)
   live = sorted(points.live(index) if index >= 0 else (),
                 key=lambda b: -bytes_at(*b.bytes, batch, probe))

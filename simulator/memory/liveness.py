@@ -336,8 +336,12 @@ class _Simulation:
 
   def __init__(self, gpu: bool = False,
                sms: xla_gpu_rules.Sms | None = None, one_device: bool = False,
-               dequantize_early: bool = True):
+               dequantize_early: bool = True,
+               batch_scale: float | None = None):
     self.gpu = gpu  # the target is a GPU: xla_gpu_rules apply
+    # the batch the points are read at over the traced one, where a rule's
+    # choice turns on it (xla_rules, stacks made first); None: no such rule
+    self.batch_scale = batch_scale
     # the early-dequantized-state rule applies (TPU: xla_rules)
     self.dequantize_early = dequantize_early and not gpu
     self.sms = sms  # its SMs: the split-K rule applies (GPU only)
@@ -412,6 +416,10 @@ class _Simulation:
       if self.gpu:
         plan.stacks.update(xla_gpu_rules.second_layouts(
             plan.jaxpr.eqns, plan.size, local))
+      elif top and self.batch_scale is not None:
+        plan.stacks.update(xla_rules.stacks_made_first(
+            plan.jaxpr, plan.size, plan.beside, in_place_out,
+            self.batch_scale))
       plan.order = key[3]
       self.plans[key] = plan
     return self.plans[key]
@@ -687,21 +695,23 @@ def hbm_traffic(jaxpr, local: bool = False, in_loop: bool = False
 
 def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
              sms: xla_gpu_rules.Sms | None = None,
-             one_device: bool = False, dequantize_early: bool = True
-             ) -> Points:
+             one_device: bool = False, dequantize_early: bool = True,
+             batch_scale: float | None = None) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
   outputs are written into donated argument buffers; `gpu`: compiled for a
   GPU (simulator.memory.xla_gpu_rules), `sms` its SMs (the split-K rule;
   None: not applied); `one_device`: the mesh is one device;
   `dequantize_early`: the TPU's schedules make 8-bit moments' f32 values
-  first (xla_rules.dequantizes_early). The step's own
+  first (xla_rules.dequantizes_early); `batch_scale`: the one batch the
+  caller reads the points at, over the traced one, where a rule's choice
+  turns on it (a serving step's: xla_rules, stacks made first). The step's own
   weight gradients (the output projection's) are simulated deferred and in
   the traced order (on a GPU also with their collectives late; on one GPU
   neither deferred nor late, the updates they feed eager: xla_gpu_rules),
   and the points of each kept, so the peak is the largest of the schedules
   XLA is seen to pick (xla_rules: deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  sim = _Simulation(gpu, sms, one_device, dequantize_early)
+  sim = _Simulation(gpu, sms, one_device, dequantize_early, batch_scale)
   sim.top = id(jaxpr)
   sim.results = tuple(jaxpr.outvars[donated_outputs:])
   in_place = tuple(xla_rules.donated_in_place(

@@ -614,6 +614,17 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   the argument's buffer (`_overwritten_argument`: T5's
                   prefill's cross-attention cache, while.81{4} in the
                   allocation of param.14, t5_3b v5p-8 2x2 batch 32);
+  stacks made     a loop's stacked output the step returns with a buffer
+  first           of its own (a KV cache stack) is made before what the
+                  step makes for another operand of the loop, and live
+                  while that is made, where it is the larger: libtpu's DFS
+                  memory scheduler visits a loop's operands largest first
+                  (`stacks_made_first`, TPU, a serving step's, at its
+                  batch; the llava_mini v5p-8 2x2 batch 32 decode: two
+                  72 MiB cache stacks, AllocateBuffer, before the
+                  embedding lookup's 31 MiB table copy and all-to-all; the
+                  gemma-2b 1x4 decode: its 250 MiB copy and all-to-all
+                  first, its 180 MiB stacks after);
   shared reshards two reshards of one value into one layout in one
                   computation are one collective (XLA's CSE), its result
                   live to the last reader of either (`shared_reshards`,
@@ -1391,6 +1402,62 @@ def gathered_slices_minor(eqn, v) -> bool:
   out = inner.outvars[eqn.outvars.index(v)]
   made = next((e for e in inner.eqns if out in e.outvars), None)
   return made is not None and gathered_slices_minor(made, out)
+
+
+def stacks_made_first(jaxpr, size: dict, beside: dict, in_place_out,
+                      scale: float) -> dict:
+  """The stacks-made-first rule's buffers, as weight stacks are kept
+  ({(stack, dtype, "early"): (first index, the loop's index - 1, bytes)}),
+  with bytes read at `scale` times the traced batch. A loop's stacked
+  output the step returns with a buffer of its own (a serving step's KV
+  cache stack: the stacked-outputs-not-donated rule) is an operand of
+  XLA's while loop, an AllocateBuffer; libtpu's DFS memory scheduler visits
+  a loop's operands largest first (the bytes made for each, transitively),
+  so where a stack is larger than what the step makes for another operand
+  of the loop, it is made first and live while that is made (TPU). The
+  llava_mini v5p-8 2x2 batch-32 decode, DFS kept: its two 72 MiB cache
+  stacks (custom-call.2 and .3, AllocateBuffer) before the embedding
+  lookup's table copy and all-to-all (31 MiB each); the gemma-2b v5p-8 1x4
+  batch-16 decode: its 250 MiB copy and all-to-all first, the 180 MiB
+  stacks after. The choice turns on the batch, so the points hold for the
+  batch `scale` reads them at only."""
+  eqns = jaxpr.eqns
+  at = lambda b: b[0] + b[1] * scale
+  producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+  outs = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+  in_place = set(in_place_out)
+
+  def made_for(u) -> set:  # the equations that make u, transitively
+    seen, todo = set(), [u]
+    while todo:
+      v = todo.pop()
+      if isinstance(v, jcore.Var) and v in producer and producer[v] not in seen:
+        seen.add(producer[v])
+        todo += eqns[producer[v]].invars
+    return seen
+
+  out = {}
+  for i, eqn in enumerate(eqns):
+    if eqn.primitive.name != "scan":
+      continue
+    stacks = [v for v in eqn.outvars[loops.scan_counts(eqn)[1]:]
+              if v in outs and v not in in_place
+              and size.get(v, (0, 0)) != (0, 0)]
+    if not stacks:
+      continue
+    trees = [t for t in map(made_for, eqn.invars) if t]
+    made = [sum(at(size[w]) for j in t for w in eqns[j].outvars)
+            + sum(at(beside[j][0]) for j in t if j in beside) for t in trees]
+    for v in stacks:
+      after = [t for t, m in zip(trees, made) if at(size[v]) > m]
+      if not after:
+        continue
+      before = max((j for t, m in zip(trees, made) if at(size[v]) <= m
+                    for j in t), default=-1)
+      first = max(min(j for t in after for j in t), before + 1)
+      if first < i:
+        out[(v, np.dtype(v.aval.dtype), "early")] = (first, i - 1, size[v])
+  return out
 
 
 def shared_reshards(eqns) -> dict:
