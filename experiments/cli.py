@@ -358,6 +358,14 @@ def use_local_gpus() -> None:
     jax.config.update("jax_platforms", "cuda,cpu")
 
 
+def compiler_failed(e: Exception, topology: str) -> None:
+  """XLA's own failure to compile a step (a JaxRuntimeError that is no
+  out-of-memory answer), not the user's input: one line, exit 1."""
+  print(f"error: XLA could not compile the step for {topology}: "
+        f"{str(e).splitlines()[0][:300]}", file=sys.stderr)
+  raise SystemExit(1) from None
+
+
 def run(main: Callable[[list[str]], None]) -> None:
   """app.run with bad flags and bad values turned into one line, exit 2.
 

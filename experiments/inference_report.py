@@ -87,6 +87,8 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
         kinds = lambda d: ", ".join(f"{k} {g(v)}" for k, v in d.items())
         lines.append(f"         collectives, traced: {kinds(coll['symbolic'])}"
                      f"; XLA's HLO: {kinds(coll['hlo'])}")
+  if e.plan.topology.chip.kind == "gpu":
+    lines += ["", f"warning: {inference.GPU_UNCHECKED}"]
   verdict = "fits" if e.fits else "does NOT fit"
   lines += ["", f"decode: {e.decode_tokens_per_s:,.0f} tokens/s at batch "
             f"{s.batch}; end to end {e.tokens_per_s:,.0f} generated tokens/s"
@@ -111,11 +113,17 @@ def main(argv) -> None:
   estimate = inference.inference_report(cfg, serve, plan)
   compiled = comparison = None
   if FLAGS.compile:
-    compiled = inference.compile_serve(cfg, serve, plan.topology.name, plan.X,
-                                       plan.Y, progress=_stderr)
+    import jax  # the compiler's errors: loaded with the serving steps
+    try:
+      compiled = inference.compile_serve(cfg, serve, plan.topology.name,
+                                         plan.X, plan.Y, progress=_stderr)
+    except jax.errors.JaxRuntimeError as e:
+      cli.compiler_failed(e, plan.topology.name)
     comparison = inference.compare(estimate, compiled)
   if FLAGS.format == "json":
     out = inference.to_json(estimate)
+    if plan.topology.chip.kind == "gpu":
+      out["warning"] = inference.GPU_UNCHECKED
     if compiled:
       out |= {"compiled": compiled, "compare": comparison}
     print(json.dumps(out, indent=1))

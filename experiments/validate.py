@@ -268,10 +268,7 @@ def main(argv):
   except Exception as e:  # an out-of-HBM compile is an answer
     oom = crosscheck.hbm_oom(str(e))
     if oom is None and isinstance(e, jax.errors.JaxRuntimeError):
-      # the compiler's own failure, not the user's input: one line, exit 1
-      print(f"error: XLA could not compile the step for {FLAGS.topology}: "
-            f"{str(e).splitlines()[0][:300]}", file=sys.stderr)
-      raise SystemExit(1) from None
+      cli.compiler_failed(e, FLAGS.topology)
     if oom is None:
       raise
     _print_oom(crosscheck.recheck({"config": {

@@ -181,3 +181,27 @@ def test_kept_compiles_within_the_memory_targets():
   assert len(errors) == 32
   assert statistics.median(map(abs, errors)) <= 0.03
   assert max(map(abs, errors)) <= 0.08 and min(errors) >= -0.05
+
+
+def test_gpu_serving_warning_holds_to_the_kept_gpu_compiles():
+  """experiments/data/inference_compiled_gpu.jsonl: five serving plans
+  compiled deviceless for H100/A100 (inference_report --compile): the
+  arguments exact, the peaks under XLA:GPU's by up to 30% (the report's
+  warning, inference.GPU_UNCHECKED, says so), some by more than 5%: the
+  warning stays until they are within the memory targets."""
+  import json
+  import os
+  path = os.path.join(os.path.dirname(__file__), "..", "experiments", "data",
+                      "inference_compiled_gpu.jsonl")
+  errors = []
+  with open(path) as f:
+    for line in f:
+      row = json.loads(line)
+      plan = plan_mesh(parse_topology(row["topology"]), *row["mesh"])
+      e = inference.inference_report(load_model(row["model"]),
+                                     ServeSettings(**row["serve"]), plan)
+      for phase, c in inference.compare(e, row["compiled"]).items():
+        assert c["argument_error"] == 0, (row, phase)
+        errors.append(c["peak_error"])
+  assert len(errors) == 10 and "30% under" in inference.GPU_UNCHECKED
+  assert -0.305 <= min(errors) < -0.05 and max(errors) <= 0.08

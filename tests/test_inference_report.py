@@ -51,6 +51,18 @@ def test_an_encoder_decoder_serves_with_both_caches():
       "(decoder cache)" in text.stdout, text.stdout
 
 
+def test_a_gpu_plan_warns_its_peaks_are_unchecked():
+  """A GPU topology's serving peaks read under XLA:GPU's on the kept
+  deviceless compiles (tests/test_inference.py): the report says so."""
+  text = _run(topology="h100:8", mesh="4x2", batch=8)
+  assert text.returncode == 0, text.stderr
+  assert "warning: serving peaks on a GPU are not yet held" in text.stdout
+  data = json.loads(_run(topology="h100:8", mesh="4x2", batch=8,
+                         format="json").stdout)
+  assert "30% under" in data["warning"]
+  assert "warning" not in json.loads(_run(format="json").stdout)
+
+
 @pytest.mark.parametrize("flags,message", [
     (dict(kv_dtype="fp8"), "error: flag --kv_dtype=fp8: value should be one "
      "of"),
