@@ -76,8 +76,9 @@ class ServeStep:
 
   @property
   def data(self) -> tuple:
-    """The arguments after the weights and the cache: the step's tokens
-    (and position)."""
+    """The arguments after the weights and the cache: the prefill's
+    context (prompt or images), the step's tokens and a decode step's
+    position."""
     return tuple(x for x in (self.context, self.tokens, self.pos)
                  if x is not None)
 
