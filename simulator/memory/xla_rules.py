@@ -1515,9 +1515,9 @@ def _overwritten_argument(scan, out):
   256 positions; the decoder's own cache, written one position at a time,
   keeps its own stacks)."""
   body = scan.params["jaxpr"].jaxpr
-  j = _updated_slice(scan, body.outvars[scan.outvars.index(out)])
-  return scan.invars[j] if j is not None and _updated(
-      body, body.outvars[scan.outvars.index(out)])[1] else None
+  v = body.outvars[scan.outvars.index(out)]
+  j = _updated_slice(scan, v)
+  return scan.invars[j] if j is not None and _updated(body, v)[1] else None
 
 
 def _updated_slice(scan, v):
