@@ -148,23 +148,24 @@ class InferenceEstimate:
     return self.serve.batch * self.serve.generate / self.total_seconds
 
 
-def argument_bytes(step: ServeStep, jaxpr, tiled: bool) -> int:
-  """Per-device bytes of the arguments the step's program reads (jit drops
-  the rest: simulator.tracing.trace.read_inputs), in the TPU tiled layout
-  when `tiled` (simulator.memory.tiling)."""
-  leaves = [x for x, read in zip(jax.tree.leaves(step.args),
-                                 read_inputs(jaxpr)) if read]
+def argument_bytes(step: ServeStep, reads: list[bool], tiled: bool) -> int:
+  """Per-device bytes of the arguments the step's program reads (`reads`,
+  one per argument leaf: jit drops the rest,
+  simulator.tracing.trace.read_inputs), in the TPU tiled layout when
+  `tiled` (simulator.memory.tiling)."""
+  leaves = [x for x, read in zip(jax.tree.leaves(step.args), reads) if read]
   if not tiled:
     return sum(map(device_bytes, leaves))
   return sum(tpu_tiled_bytes(device_shape(x), x.dtype) for x in leaves)
 
 
-def weights_read(step: ServeStep, jaxpr) -> int:
-  """Per-device bytes of the weights the step reads: all of a decoder's; an
-  encoder-decoder's decode step no encoder weight and no cross-attention k
-  or v projection (the prefill cached their products)."""
+def weights_read(step: ServeStep, reads: list[bool]) -> int:
+  """Per-device bytes of the weights the step reads (`reads`, as
+  `argument_bytes` takes them): all of a decoder's; an encoder-decoder's
+  decode step no encoder weight and no cross-attention k or v projection
+  (the prefill cached their products)."""
   return sum(device_bytes(x) for x, read in zip(
-      jax.tree.leaves(step.params), read_inputs(jaxpr)) if read)
+      jax.tree.leaves(step.params), reads) if read)
 
 
 def probe_serve(serve: ServeSettings, x: int) -> ServeSettings:
@@ -188,7 +189,8 @@ def _phase(step: ServeStep, jaxpr, probed: ServeStep, probe_jaxpr,
   the same step at the probe batch (`probe_jaxpr`), evaluated at the step's
   batch, the rest from its own program `jaxpr`."""
   chip = plan.topology.chip
-  args = argument_bytes(step, jaxpr, chip.kind == "tpu")
+  reads = read_inputs(jaxpr)
+  args = argument_bytes(step, reads, chip.kind == "tpu")
   batch, probe = step.tokens.shape[0], probed.tokens.shape[0]
   points = liveness.simulate(probe_jaxpr, probed.donated_outputs,
                              batch_scale=batch / probe)
@@ -203,7 +205,7 @@ def _phase(step: ServeStep, jaxpr, probed: ServeStep, probe_jaxpr,
   flops = sum(d.flops_per_device * d.count for d in program.dots)
   made = tuple(map(_as_libtpu_serves, program.made()) if tpu
                else program.made())
-  hbm = weights_read(step, jaxpr) + cache
+  hbm = weights_read(step, reads) + cache
   return PhaseEstimate(
       step.phase, args, args + max(transient, 0),
       points.where[index] if index >= 0 else "nothing transient", buffers,

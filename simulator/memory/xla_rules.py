@@ -676,7 +676,7 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   all-to-all (bf16[64000,4,512], 250 MiB) beside the table
                   argument,
                   XLA's peak there (`moves_between_dims`; liveness's
-                  `_Plan.staging`). Only an operand the program is given
+                  `_Plan.beside`). Only an operand the program is given
                   (an argument, laid out by the caller) is copied so: one a
                   fusion makes is made in the collective's layout, as the
                   experts' combine over X, [e@X, g, c, d] to [e, g@X, c, d],
