@@ -87,8 +87,6 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
         kinds = lambda d: ", ".join(f"{k} {g(v)}" for k, v in d.items())
         lines.append(f"         collectives, traced: {kinds(coll['symbolic'])}"
                      f"; XLA's HLO: {kinds(coll['hlo'])}")
-  if e.plan.topology.chip.kind == "gpu":
-    lines += ["", f"warning: {inference.GPU_UNCHECKED}"]
   verdict = "fits" if e.fits else "does NOT fit"
   lines += ["", f"decode: {e.decode_tokens_per_s:,.0f} tokens/s at batch "
             f"{s.batch}; end to end {e.tokens_per_s:,.0f} generated tokens/s"
@@ -122,8 +120,6 @@ def main(argv) -> None:
     comparison = inference.compare(estimate, compiled)
   if FLAGS.format == "json":
     out = inference.to_json(estimate)
-    if plan.topology.chip.kind == "gpu":
-      out["warning"] = inference.GPU_UNCHECKED
     if compiled:
       out |= {"compiled": compiled, "compare": comparison}
     print(json.dumps(out, indent=1))

@@ -11,7 +11,9 @@ Memory per device (bytes):
   peak      per step, what XLA's peak_memory_in_bytes is: the arguments
             (weights, cache, tokens, in their TPU tiled layouts) live
             throughout plus the largest transient live set of the heap
-            simulation the training path uses (simulator.memory.liveness), the
+            simulation the training path uses (simulator.memory.liveness,
+            with XLA:GPU's rules on a GPU and its serving rules:
+            simulator.memory.xla_gpu_rules, relaid cache stacks ...), the
             cache written in place into its donated buffer; the step is
             simulated as traced at the probe batch and read at its own, as a
             training step is (`probe_serve`), the rules whose choice turns on
@@ -49,11 +51,13 @@ from typing import Any
 
 import jax
 
+from meshes import gpu_target
 from meshes.layout import MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from simulator.xla import compiled as compiled_lib
 from simulator.xla import hlo_collectives
-from simulator.memory import OVERHEAD_FRACTION, liveness, tpu_tiled_bytes
+from simulator.memory import (OVERHEAD_FRACTION, liveness, tpu_tiled_bytes,
+                              xla_gpu_rules)
 from simulator.memory.estimate import Contributor
 from simulator.timing.comms import collective_time
 from simulator.tracing.batch_probe import PROBE, bytes_at, rescale
@@ -65,14 +69,6 @@ from simulator.model_checks import kv_heads_replicated
 from simulator.step import device_bytes, device_shape
 
 PEAK_BUFFERS = 8
-# What the serving steps' peaks on a GPU are known to miss: five plans
-# compiled deviceless for H100/A100 targets
-# (experiments/data/inference_compiled_gpu.jsonl), the simulated peaks up
-# to 30% under XLA:GPU's (README, "Inference (KV cache)"; tests/
-# test_inference.py holds the figure to the kept compiles).
-GPU_UNCHECKED = ("serving peaks on a GPU are not yet held to XLA:GPU's: "
-                 "on its deviceless compiles of five plans they read up to "
-                 "30% under XLA's; confirm a plan with --compile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +188,11 @@ def _phase(step: ServeStep, jaxpr, probed: ServeStep, probe_jaxpr,
   reads = read_inputs(jaxpr)
   args = argument_bytes(step, reads, chip.kind == "tpu")
   batch, probe = step.tokens.shape[0], probed.tokens.shape[0]
-  points = liveness.simulate(probe_jaxpr, probed.donated_outputs,
+  gpu = chip.kind == "gpu"
+  sms = (xla_gpu_rules.Sms(*gpu_target.sm_count_and_major(chip.name))
+         if gpu else None)
+  points = liveness.simulate(probe_jaxpr, probed.donated_outputs, gpu=gpu,
+                             sms=sms, one_device=plan.chips == 1,
                              batch_scale=batch / probe)
   transient, index = points.peak_at(batch, probe)
   live = sorted(points.live(index) if index >= 0 else (),

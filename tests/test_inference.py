@@ -153,10 +153,10 @@ def test_encoder_decoder_decode_reads_the_decoder_and_both_caches():
       e.kv_cache_bytes)
 
 
-def _kept_peak_errors(name: str) -> list[float]:
+def _kept_peak_errors(name: str, part: str | None = None) -> list[float]:
   """Today's symbolic peak against XLA's, (symbolic - XLA) / XLA, for
-  each step of each plan kept in experiments/data/`name`; every step's
-  arguments exact."""
+  each step of each plan kept in experiments/data/`name` (of `part` only,
+  where given); every step's arguments exact."""
   import json
   import os
   path = os.path.join(os.path.dirname(__file__), "..", "experiments", "data",
@@ -165,6 +165,8 @@ def _kept_peak_errors(name: str) -> list[float]:
   with open(path) as f:
     for line in f:
       row = json.loads(line)
+      if part is not None and row["part"] != part:
+        continue
       plan = plan_mesh(parse_topology(row["topology"]), *row["mesh"])
       e = inference.inference_report(load_model(row["model"]),
                                      ServeSettings(**row["serve"]), plan)
@@ -191,12 +193,21 @@ def test_kept_compiles_within_the_memory_targets():
   assert max(map(abs, errors)) <= 0.08 and min(errors) >= -0.05
 
 
-def test_gpu_serving_warning_holds_to_the_kept_gpu_compiles():
-  """experiments/data/inference_compiled_gpu.jsonl: five serving plans
-  compiled deviceless for H100/A100 (inference_report --compile): the
-  arguments exact, the peaks under XLA:GPU's by up to 30% (the report's
-  warning, inference.GPU_UNCHECKED, says so), some by more than 5%: the
-  warning stays until they are within the memory targets."""
-  errors = _kept_peak_errors("inference_compiled_gpu.jsonl")
-  assert len(errors) == 10 and "30% under" in inference.GPU_UNCHECKED
-  assert -0.305 <= min(errors) < -0.05 and max(errors) <= 0.08
+def test_kept_gpu_compiles_within_the_memory_targets():
+  """experiments/data/inference_compiled_gpu.jsonl: serving plans compiled
+  deviceless for H100, H200 and A100 targets (inference_report --compile),
+  part "gpu" the XLA:GPU rules were read off (simulator.memory.
+  xla_gpu_rules: relaid cache stacks, copied weight slices, ...) and part
+  "gpu-check" compiled after the rules of their time and read for none.
+  Today's peaks against XLA:GPU's: no step under by more than 5%, the
+  held-out median |error| within 3%; the over-estimates are the named
+  bounds (a relaid stack in a prefill that keeps its layout, weight
+  slices made at the body's start), the largest under 17% (gpt2 h100:8
+  8x1 b64's prefill, +16.0%)."""
+  import statistics
+  tuned = _kept_peak_errors("inference_compiled_gpu.jsonl", "gpu")
+  held = _kept_peak_errors("inference_compiled_gpu.jsonl", "gpu-check")
+  assert len(tuned) == 20 and len(held) >= 40
+  assert min(tuned + held) >= -0.05, (tuned, held)
+  assert statistics.median(map(abs, held)) <= 0.03
+  assert max(tuned + held) <= 0.17

@@ -51,16 +51,21 @@ def test_an_encoder_decoder_serves_with_both_caches():
       "(decoder cache)" in text.stdout, text.stdout
 
 
-def test_a_gpu_plan_warns_its_peaks_are_unchecked():
-  """A GPU topology's serving peaks read under XLA:GPU's on the kept
-  deviceless compiles (tests/test_inference.py): the report says so."""
-  text = _run(topology="h100:8", mesh="4x2", batch=8)
-  assert text.returncode == 0, text.stderr
-  assert "warning: serving peaks on a GPU are not yet held" in text.stdout
-  data = json.loads(_run(topology="h100:8", mesh="4x2", batch=8,
-                         format="json").stdout)
-  assert "30% under" in data["warning"]
-  assert "warning" not in json.loads(_run(format="json").stdout)
+def test_a_gpu_plan_is_simulated_with_xla_gpus_rules():
+  """On a GPU the serving steps take XLA:GPU's rules
+  (simulator.memory.xla_gpu_rules, held to the kept deviceless compiles
+  by tests/test_inference.py): tiny's decode, two queries per kv head,
+  holds a copy of a cache stack for its loop and copies of its bf16
+  weights' slices; on a TPU neither."""
+  names = lambda out: " ".join(b["name"] for b in json.loads(out.stdout)[
+      "phases"]["decode"]["peak_buffers"])
+  gpu = _run(topology="h100:8", mesh="4x2", batch=8, format="json")
+  assert gpu.returncode == 0, gpu.stderr
+  assert "copied into another order for its loop" in names(gpu)
+  assert "one layer's slice, copied for its matmul" in names(gpu)
+  tpu = names(_run(format="json"))
+  assert "its loop" not in tpu and "slice" not in tpu
+  assert "warning" not in _run(topology="h100:8", mesh="4x2", batch=8).stdout
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -814,3 +814,155 @@ def test_a_gpu_optimizer_offload_is_held_against_its_compile():
   assert row["config"]["offload"] == ["optimizer"]
   error = crosscheck.recheck(row)["relative_error"]["peak_no_overhead"]
   assert abs(error) < 0.05, error
+
+
+def _serve_jaxpr(model: str, x: int, y: int, phase: str, **serve):
+  """A serving step traced at the probe batch, as inference_report traces
+  it, and the step."""
+  from simulator import inference
+  from simulator.serve_step import build_serve_steps
+  from simulator.settings import ServeSettings
+  plan = plan_mesh(parse_topology(f"h100:{x * y}"), x, y)
+  settings = inference.probe_serve(
+      ServeSettings(**{"batch": 8 * x, "prompt": 64, "generate": 16,
+                       **serve}), plan.data)
+  mesh = abstract_mesh(plan)
+  step = build_serve_steps(load_model(model), settings, mesh)[phase]
+  return inference.trace_phase(step, mesh).jaxpr, step
+
+
+def _relaid(model: str, x: int, y: int, phase: str, **serve) -> dict:
+  j, step = _serve_jaxpr(model, x, y, phase, **serve)
+  outs = j.outvars[:step.donated_outputs]
+  return {k[0].aval.str_short(): (k[2], v[2]) for k, v in
+          xla_gpu_rules.relaid_cache_stacks(j, outs, False,
+                                            early=False).items()}
+
+
+def test_a_cache_stack_a_gemm_reads_is_relaid_for_its_loop_on_a_gpu():
+  """tiny's decode (two queries per kv head: its attention is a GEMM over
+  the cache slice) holds one copy of a cache stack, k or v
+  [layers, batch, positions, kv heads, head dim], while its loop runs."""
+  got = _relaid("tiny", 1, 2, "decode")
+  assert got == {f"bfloat16[2,{PROBE}@X,80,2@Y,16]": (
+      "relaid", (0, 2 * PROBE * 80 * 1 * 16 * 2))}, got
+
+
+def test_a_matrix_vector_decode_keeps_its_cache_layout():
+  """One query per kv head (llama2_7b) at a decode step: the attention is a
+  matrix-vector product, a multiply and a reduction on a GPU: no copy."""
+  assert _relaid("llama2_7b", 2, 4, "decode") == {}
+
+
+def test_a_prefill_relays_the_stack_its_gemms_write():
+  """A prefill's flash GEMMs read the k it writes into the cache: a copy
+  of one stack (int8 too: the quantized k is made from the k they read)."""
+  for kv in ("bf16", "int8"):
+    got = _relaid("llama2_7b", 2, 4, "prefill", kv_dtype=kv)
+    assert [r for r, _ in got.values()] == ["relaid"], (kv, got)
+
+
+def test_a_cross_attention_cache_only_read_is_relaid():
+  """tiny_t5's decode reads its cross-attention cache (the prompt's 64
+  positions) without writing it; its own cache (16 positions) is read by
+  matrix-vector products. The prefill overwrites the cross-attention
+  cache whole: it does not read it, and relays its own."""
+  assert _relaid("tiny_t5", 1, 2, "decode") == {
+      f"bfloat16[2,{PROBE}@X,64,4@Y,16]": (
+          "relaid", (0, 2 * PROBE * 64 * 2 * 16 * 2))}
+  assert all("64" not in k for k in _relaid("tiny_t5", 1, 2, "prefill"))
+
+
+def _loop_slices(fn, *args) -> dict:
+  """The copied-weight-slices rule's buffers of the top-level scan's body
+  in fn's program: {slice's shape: (first, last, bytes)}."""
+  j = jax.make_jaxpr(fn)(*args).jaxpr
+  scan = next(e for e in j.eqns if e.primitive.name == "scan")
+  body = next(subjaxprs(scan))[1]
+  slices = xla_gpu_rules.slices_passed(scan, [body], j.invars,
+                                       frozenset())[id(body)]
+  return {k[0].aval.str_short(): v for k, v in
+          xla_gpu_rules.copied_weight_slices(body.eqns, slices,
+                                             False).items()
+          if k[2] == "slice"}
+
+
+def test_a_bf16_weight_slice_a_gemm_reads_is_copied_on_a_gpu():
+  """A loop reading each bf16 layer's weights in two matmuls: both slices
+  are buffers from the body's start (XLA's scheduler makes them anywhere
+  before their GEMM) to their matmul; an f32 slice cast first is taken
+  into its GEMM (no hoisted weight stacks)."""
+  def two(ws, vs, x):
+    def body(c, w):
+      wa, wb = w
+      return c + jnp.sum(x @ wa) + jnp.sum(x @ wb), None
+    return jax.lax.scan(body, jnp.zeros((), jnp.bfloat16), (ws, vs))[0]
+  x = jax.ShapeDtypeStruct((PROBE, 64), jnp.bfloat16)
+  got = _loop_slices(two, jnp.ones((4, 64, 32), jnp.bfloat16),
+                     jnp.ones((4, 64, 48), jnp.bfloat16), x)
+  assert sorted(v[2] for v in got.values()) == [
+      (64 * 32 * 2, 0), (64 * 48 * 2, 0)], got
+  assert {v[0] for v in got.values()} == {0}
+  assert len({v[1] for v in got.values()}) == 2  # each to its own matmul
+  assert _loop_slices(_cast_in_loop, jnp.ones((4, 64, 32)), x) == {}
+
+
+def test_a_value_made_from_a_reduction_is_a_gemm_operand_of_its_own():
+  """MoE's combine weights, a sum over the choices broadcast over slots
+  and read by two matmuls: a buffer on a GPU (XLA:GPU fuses the
+  reduction with it), taken into each matmul on a TPU."""
+  def fn(w, slots, x, y):
+    combine = jnp.sum(w, axis=-1)[..., None] * slots
+    return jnp.einsum("sc,sd->cd", (combine > 0).astype(x.dtype), x), (
+        jnp.einsum("sc,cd->sd", combine, y))
+  args = (jax.ShapeDtypeStruct((PROBE, 2), jnp.bfloat16),
+          jax.ShapeDtypeStruct((PROBE, 32), jnp.bfloat16),
+          jax.ShapeDtypeStruct((PROBE, 16), jnp.bfloat16),
+          jnp.ones((32, 16), jnp.bfloat16))
+  assert _buffers(fn, *args, gpu=True)["mul"] == PROBE * 32 * 2
+  assert _buffers(fn, *args, gpu=False)["mul"] == 0
+
+
+def test_a_residual_gathered_onto_every_device_is_read_by_its_adds():
+  """TP over all the devices (1x8): the residual's gather over Y is whole
+  on every device, and the residual adds read their slice of it (the
+  gathered value lives to them); with X = 2 the gather leaves the batch
+  split and the adds read the sharded residual."""
+  def found(x, y):
+    j, _ = _serve_jaxpr("tiny", x, y, "prefill")
+    out = []
+    def walk(jaxpr):
+      consumers: dict = {}
+      for e in jaxpr.eqns:
+        for v in e.invars:
+          if isinstance(v, jcore.Var):
+            consumers.setdefault(v, []).append(e)
+      out.extend(xla_gpu_rules.read_from_gathered(jaxpr.eqns, consumers))
+      for e in jaxpr.eqns:
+        for _, sub in subjaxprs(e):
+          walk(sub)
+    walk(j)
+    return out
+  assert found(1, 2) and not found(2, 1)
+
+
+def test_a_transposed_gemm_result_a_batched_matmul_reads_is_a_copy():
+  """The experts' dispatch (a GEMM batched over groups) transposed to the
+  experts major for their batched matmul: a buffer of its own on a GPU,
+  beside the GEMM's result; transposed into a matmul without batch dims
+  (the attention output into its projection) it is read in place."""
+  def dispatch(d, x, w):
+    y = jnp.einsum("gsec,gsd->egcd", d, x)
+    return jnp.einsum("egcd,edf->egcf", y, w)
+  def attention_out(p, v, w):
+    o = jnp.einsum("bkst,btkh->bskh", p, v)
+    return jnp.einsum("bskh,khd->bsd", o, w)
+  got = _buffers(dispatch, jax.ShapeDtypeStruct((PROBE, 8, 4, 2), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((PROBE, 8, 16), jnp.bfloat16),
+                 jnp.ones((4, 16, 32), jnp.bfloat16), gpu=True)
+  assert got["transpose"] == PROBE * 4 * 2 * 16 * 2
+  got = _buffers(attention_out,
+                 jax.ShapeDtypeStruct((PROBE, 2, 8, 8), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((PROBE, 8, 2, 16), jnp.bfloat16),
+                 jnp.ones((2, 16, 32), jnp.bfloat16), gpu=True)
+  assert got.get("transpose", 0) == 0

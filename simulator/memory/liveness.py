@@ -188,18 +188,25 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
   kept_apart, gradients = (xla_gpu_rules.cublas_logits(eqns) if apart
                            else (set(), set()))
   size: dict = {}
+  relaid: set = set()  # xla_gpu_rules, relaid GEMM results
   for i in range(n - 1, -1, -1):  # readers of a fused value read its inputs
     eqn = eqns[i]
     for v in eqn.outvars:
       if v in no_buffer:
         size[v] = (0, 0)
         continue
-      fused = v not in gradients and (
+      if gpu and xla_gpu_rules.relaid_gemm_result(eqn, producer, local,
+                                                  readers(v)):
+        relaid.add(v)
+      fused = v not in relaid and v not in gradients and (
           id(eqn) in hoisted or id(eqn) in inlined or xla_rules.is_view(eqn)
           or v in sunk or (
               v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
                   v in chained, chain_producers, sole_matmul_in)))
+      if fused and gpu and xla_gpu_rules.reduced_for_matmuls(
+          eqn, readers(v), producer):
+        fused = False  # xla_gpu_rules, reductions before GEMMs
       # xla_rules, written outputs: on a TPU an output written into the
       # caller's buffer is made where it is; on a GPU what it reads is held
       # to the body's end, as a fused value's is to its readers', but for
@@ -218,6 +225,11 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
 
   for v, made in shared.items():  # xla_rules, shared reshards
     last[made] = max(last.get(made, -1), last.get(v, -1))
+  for source, (i, gathered) in (xla_gpu_rules.read_from_gathered(
+      eqns, consumers) if gpu else {}).items():
+    last[gathered] = max(last[gathered], last[source])
+    if source not in outs:
+      last[source] = i
   # value -> buffers_read(value), each found once
   through: dict = {v: (made,) for v, made in shared.items()}
 
@@ -248,7 +260,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
     if not (xla_rules.loop_fusible(eqn) or xla_rules.updates_in_place(eqn)):
       continue
     for v in eqn.outvars:
-      if size[v] == (0, 0):
+      if size[v] == (0, 0) or v in relaid:  # a transpose reads all it writes
         continue
       for u in reads[i]:
         if (u in size and u not in taken and u not in kept_apart
@@ -283,7 +295,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       i: tuple(dict.fromkeys(b for v in xla_rules.first_micro_batch(eqn)
                              for b in buffers_read(v)))
       for i, eqn in enumerate(eqns) if xla_rules.accumulation_loop(eqn)}
-  inputs = set(jaxpr.invars) if arguments and not gpu else set()
+  inputs = set(jaxpr.invars) if arguments else set()
   beside = {i: (_nbytes(eqn.invars[0].aval, local), eqn.invars[0].aval,
                 "copied into the all-to-all's layout")
             for i, eqn in enumerate(eqns) if id(eqn) not in dead
@@ -352,6 +364,9 @@ class _Simulation:
     self.points: dict = {}
     self.hoisted: set = set()  # cast equations the hoisted-casts rule moved
     self.looped: set = set()  # ids of the jaxprs run inside a loop
+    # id of a jaxpr -> its inputs that are one layer's slice of a stacked
+    # step argument (GPU: xla_gpu_rules, copied weight slices)
+    self.slices: dict = {}
     # ids of the jaxprs that run one micro-batch of a gradient accumulation
     # (the accumulation loop's body and the calls it makes): on a GPU the
     # early scatter fill applies there as in the step (xla_gpu_rules)
@@ -416,6 +431,13 @@ class _Simulation:
       if self.gpu:
         plan.stacks.update(xla_gpu_rules.second_layouts(
             plan.jaxpr.eqns, plan.size, local))
+        plan.stacks.update(xla_gpu_rules.copied_weight_slices(
+            plan.jaxpr.eqns, self.slices.get(key[0], ()), local))
+        if top and self.batch_scale is not None:  # a serving step
+          outs = plan.jaxpr.outvars
+          plan.stacks.update(xla_gpu_rules.relaid_cache_stacks(
+              plan.jaxpr, outs[:len(outs) - len(self.results)], local,
+              early=order == "memory"))
       elif top and self.batch_scale is not None:
         plan.stacks.update(xla_rules.stacks_made_first(
             plan.jaxpr, plan.size, plan.beside, in_place_out,
@@ -502,6 +524,11 @@ class _Simulation:
                else xla_rules.calls(eqn, local))
       if calls and (id(jaxpr) in self.looped or xla_rules.is_loop(eqn)):
         self.looped.update(id(sub) for sub, _, _ in calls)
+      if calls and self.gpu:
+        self.slices.update(xla_gpu_rules.slices_passed(
+            eqn, [sub for sub, _, _ in calls], jaxpr.invars
+            if id(jaxpr) == self.top else (),
+            self.slices.get(id(jaxpr), frozenset())))
       if calls and self.gpu and (
           xla_rules.accumulation_loop(eqn) or (
               id(jaxpr) in self.micro_batch and not xla_rules.is_loop(eqn))):
@@ -617,11 +644,13 @@ class _Simulation:
                   "operand": "all-gathered for its matmuls",
                   "early": "zero-filled early",
                   "fill": "zero-filled early for its scatter-add",
-                  "layout": "made in a second layout for its other matmul"
+                  "layout": "made in a second layout for its other matmul",
+                  "relaid": "copied into another order for its loop",
+                  "slice": "one layer's slice, copied for its matmul",
                   }[rule]
           out.append(LiveBuffer(
               f"{stack.aval.str_short()} {what}"
-              + ("" if rule in ("fill", "operand", "layout")
+              + ("" if rule in ("fill", "operand", "layout", "slice")
                  else " outside its loop"),
               xla_rules.shape_of(stack.aval, local or rule == "fill"),
               str(dtype),
@@ -704,7 +733,9 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
   `dequantize_early`: the TPU's schedules make 8-bit moments' f32 values
   first (xla_rules.dequantizes_early); `batch_scale`: the one batch the
   caller reads the points at, over the traced one, where a rule's choice
-  turns on it (a serving step's: xla_rules, stacks made first). The step's own
+  turns on it (a serving step's: xla_rules, stacks made first); given, the
+  step is a serving step (xla_gpu_rules: relaid cache stacks, the serving
+  memory order). The step's own
   weight gradients (the output projection's) are simulated deferred and in
   the traced order (on a GPU also with their collectives late; on one GPU
   neither deferred nor late, the updates they feed eager: xla_gpu_rules),
@@ -720,7 +751,8 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
   if xla_rules.defer_weight_grads(jaxpr, results=sim.results) is not jaxpr:
     orders = ORDERS[:3] if gpu else ORDERS[:2]
   if gpu:
-    orders = xla_gpu_rules.orders(orders, one_device, sms)
+    orders = xla_gpu_rules.orders(orders, one_device, sms,
+                                  serving=batch_scale is not None)
   if gpu and xla_gpu_rules.cublas_logits(jaxpr.eqns)[1]:
     orders += AUTOTUNED
   points: list = []

@@ -418,6 +418,122 @@ rebuilt by simulator.xla.xla_peak: `python -m experiments.validate ...
                   #65 +30.53% -> +1.83%. Read off the moments; no GPU row
                   offloads parameters, whose forward casts the rule would
                   read in host memory too.
+  relaid cache    a serving step's layer loop reads its KV cache stacks
+  stacks          (models.decode: [layers, batch, positions, kv heads,
+                  head dim]) or writes into them what its GEMMs read, and
+                  XLA:GPU's layout assignment (gpu/transforms/
+                  layout_assignment.cc, AddDotBackendConstraints: a GEMM's
+                  batch dims consecutive and major, else SetDotOperandLayout
+                  imposes (batch, rows, columns)) and its split-K rewrite
+                  (the contracting positions minor) can give the loop a
+                  stack in another order: a copy of the whole stack
+                  (wrapped_transpose, kind kInput) made before the loop
+                  from the argument and live through it, the loop's own
+                  stack in that order copied back after. Seen in the
+                  steps compiled deviceless for GPU targets
+                  (experiments/data/inference_compiled_gpu.jsonl): the k
+                  stack with positions minor in the llama2_7b h100:8 8x1
+                  and 2x4 prefills (bf16[32,2,32,128,1280], 640 MiB) and,
+                  int8 with its scales, llama2_13b h200:8 1x8's
+                  (s8[40,8,5,128,2560]: the quantized k is made from the k
+                  the GEMMs read); at decode steps with several queries per
+                  kv head, mixtral_mini 4x2's v (bf16[4,8,1,128,2304],
+                  split K over the positions) and llama3_8b 1x8's int8 k
+                  (s8[32,32,1,128,2304]); t5_3b 4x2's decode its cross-
+                  attention v, which the loop only reads, with the layers
+                  inward (bf16[8,1024,16,24,128], 768 MiB). Where the
+                  loop's matmuls over the stack are matrix-vector products
+                  (one query per kv head at a decode step: llama2_7b's,
+                  llama2_13b's, T5's self-attention), XLA's algebraic
+                  simplifier makes them a multiply and a reduction, and no
+                  stack is copied. Which stack and whether is otherwise not
+                  derived: the prefills with grouped queries keep theirs
+                  (llama3_8b 1x8 and 2x4, mixtral_mini 4x2). So a serving
+                  step on a GPU holds one copy of the largest cache stack a
+                  loop reads only, or whose slice or written value a matmul
+                  that is not a matrix-vector product reads, while the loop
+                  runs (from the step's start in the memory scheduler's
+                  order, which makes a copy of an argument first as it
+                  makes a zero fill: llama3_8b h100:8 2x4's decode, the
+                  copy at schedule position 9 beside the embedding's
+                  all-to-all): an upper bound by that stack in the prefills
+                  that keep theirs (llama3_8b a100:8 1x8 int8 +6.6%).
+  serving         the memory-scheduler-order rule's schedule (the loops'
+  memory order    stacked outputs zero-filled at the step's start) is also
+                  what XLA:GPU keeps for a serving step on an H100: the
+                  decode steps of llama2_7b h100:8 2x4 and llama3_8b h100:8
+                  2x4 make their cache stacks (loop_broadcast_fusion, 640 /
+                  576 MiB each) at schedule positions 6 and 9, before the
+                  embedding's all-to-all, XLA's peak there. So a serving
+                  step is simulated in that order too on every GPU, the
+                  largest peak kept (t5_3b 4x2's prefill +5.0%: its
+                  decoder's stacks live through the encoder there).
+  copied weight   a loop body's slice of a stacked weight that a GEMM reads
+  slices          with no cast between (a serving step's bf16 weights, a
+                  bf16 training step's; a mixed-precision step's f32 ones
+                  are cast, and the GEMM fusion takes the slice and the
+                  cast in: no hoisted weight stacks) is a dynamic-slice
+                  fusion of its own (kind kCustom, fused_dynamic_slice), a
+                  buffer of the slice's bytes: the MLP slices
+                  loop_dynamic_slice_fusion.6 and .8 (bf16[1,4096,11008],
+                  bf16[1,11008,4096], 86 MiB) at the peak of llama2_7b
+                  h100:8 8x1 b16's decode, the experts' slices (.5, .10,
+                  bf16[1,8,1024,1792], 28 MiB) at mixtral_mini h100:8
+                  4x2's prefill peak. A slice reads nothing the body makes
+                  but its counter, and XLA's scheduler makes it anywhere
+                  before its GEMM: just before (mixtral_mini's decode: the
+                  experts' wi and wi_gate slices .4 and .2 before
+                  gemm_fusion_dot.36, the one GEMM XLA's DotMerger makes of
+                  the two, wo's .8 before its own), or well ahead (all
+                  three expert slices of qwen1.5-moe-4l h100:8 4x2's
+                  prefill, bf16[1,60,2048,704], 165 MiB each, before the
+                  tokens' dispatch: XLA's peak; -5.4% with each made before
+                  the first matmul reading its operand). So a body's slices
+                  are simulated from its start to their last GEMM: an upper
+                  bound (mixtral_mini 4x2 decode -9.9% -> +5.1%, qwen1.5-
+                  moe-4l prefill -5.4% -> +1.5%). Of the training corpus,
+                  the bf16 rows rise by up to 0.3 points (#26 +0.54% ->
+                  +0.86%).
+  relaid GEMM     a matmul's result transposed so that its batch dims are
+  results         no longer major, read by a matmul with batch dims of its
+                  own, is a copy (input_transpose_fusion): XLA:GPU's
+                  layout assignment makes a GEMM write its batch dims
+                  major and read them major, so no layout makes the
+                  transpose a bitcast. The tokens' dispatch
+                  (gsec,gsd->egcd, a GEMM over the groups g, transposed to
+                  the experts major for egcd,edf->egcf): gemm_fusion_dot.28
+                  and input_transpose_fusion (bf16[8,2048,4140] and
+                  bf16[60,8,69,2048], 129 MiB each) both live at
+                  qwen1.5-moe-4l h100:8 4x2's prefill peak. A matmul with
+                  no batch dims reads a transposed operand in place (the
+                  attention output into its projection): no copy, and no
+                  training corpus row moves.
+  reductions      an elementwise value a GEMM reads that is made from a
+  before GEMMs    reduction's result (broadcast or cast) is not taken into
+                  the GEMM: XLA:GPU fuses the reduction with the values made
+                  from it into one fusion (a Triton block-level fusion)
+                  whose output is a buffer. The experts' combine weights
+                  (models.moe.combine_weights: a sum over the k choices,
+                  broadcast over the slots) are fusion.72,
+                  bf16[8,2048,8,512] (128 MiB), at the peak of mixtral_mini
+                  h100:8 4x2's prefill, read by the dispatch and the
+                  combine GEMMs (gemm_fusion_dot.21, .26): -17.9% ->
+                  -5.3%. The MoE training rows rise (#94 +0.78% ->
+                  +4.15%, #128 -3.86% -> -1.33%, #48 +6.15% -> +12.65%).
+  sliced from     a value all-gathered whole onto every device (X = 1: the
+  the gather      TP residual gathered over Y for its norm) whose other
+                  readers are elementwise (the residual adds) is read by
+                  them as a slice of the gathered buffer, at the device's
+                  partition id, so the gathered buffer lives to the last
+                  of them and the sharded one dies at the gather: in
+                  llama3_8b a100:8 1x8's prefill the residual adds
+                  loop_convert_fusion.4 and .3 read all-gather-done and
+                  partition-id.3.0, and both layer gathers
+                  (bf16[32,2048,4096], 512 MiB each) are live at XLA's peak
+                  in the MLP norm: -10.4% -> +0.5% (before the int8 stack
+                  copy); the same in llama2_7b h100:8 1x8 (loop_add_fusion.5
+                  and .4). With X > 1 the adds read the sharded residual
+                  (llama2_7b h100:8 2x4).
 """
 
 from __future__ import annotations
@@ -608,17 +724,21 @@ def multi_output_fusions(eqns, size: dict, producer: dict) -> dict:
 
 
 def orders(simulated: tuple[str, ...], one_device: bool,
-           sms: "Sms | None" = None) -> tuple[str, ...]:
+           sms: "Sms | None" = None, serving: bool = False
+           ) -> tuple[str, ...]:
   """The schedules of the step's own weight gradients simulated on a GPU:
   all of `simulated`, or on one device all but the deferred one (the one-
   device-order rule) and the late one (no collective to be late; the
   eager-update rule instead); where XLA:GPU's latency-hiding scheduler
   does not run (`sms` older than Hopper), the deferred one and the memory
   scheduler's two placements of the loops' zero-filled outputs, the traced
-  one and "memory" (the memory-scheduler-order rule), not the late one."""
+  one and "memory" (the memory-scheduler-order rule), not the late one;
+  for a serving step (`serving`) "memory" on every GPU."""
   if sms is not None and not sms.latency_hiding:
     simulated = tuple(o for o in ("deferred", "traced")
                       if o in simulated) + ("memory",)
+  elif serving:
+    simulated += ("memory",)
   return tuple(o for o in simulated
                if not (one_device and o in ("deferred", "late")))
 
@@ -793,6 +913,218 @@ def second_layouts(eqns, size: dict, local: bool) -> dict:
             made[var], max(j for j, _, _ in uses), size[var])
         break
   return found
+
+
+def reduced_for_matmuls(eqn, readers, producer: dict) -> bool:
+  """The reductions-before-GEMMs rule (module docstring): `eqn` makes an
+  elementwise value that a matmul reads (`readers`: its readers through
+  views) from a reduction's result, broadcast or cast (through views)."""
+  if not (fusible(eqn) and any(c.primitive.name == "dot_general"
+                               for c in readers)):
+    return False
+  for u in eqn.invars:
+    made = producer.get(u) if isinstance(u, jcore.Var) else None
+    while made is not None and (xla_rules.is_view(made) or
+                                made.primitive.name in ("broadcast_in_dim",
+                                                        "convert_element_type")):
+      u = made.invars[0]
+      made = producer.get(u) if isinstance(u, jcore.Var) else None
+    if made is not None and made.primitive.name.startswith("reduce_"):
+      return True
+  return False
+
+
+def slices_passed(eqn, subs: list, arguments, slices: frozenset) -> dict:
+  """{id(body): its inputs that are one layer's slice of a stacked step
+  argument} for the bodies `subs` that `eqn` runs: a scan's per-iteration
+  slices of the step's `arguments` (a top-level loop's), and a call's
+  inputs that are such slices in its caller (`slices`)."""
+  if eqn.primitive.name == "scan":
+    first = sum(loops.scan_counts(eqn))
+    marked = {b for b, o in zip(subs[0].invars[first:], eqn.invars[first:])
+              if isinstance(o, jcore.Var) and o in set(arguments)}
+    return {id(subs[0]): frozenset(marked)} if marked else {}
+  if not slices or xla_rules.is_loop(eqn):
+    return {}
+  return {id(sub): frozenset(b for b, o in zip(sub.invars, eqn.invars)
+                             if isinstance(o, jcore.Var) and o in slices)
+          for sub in subs if len(sub.invars) == len(eqn.invars)}
+
+
+def copied_weight_slices(eqns, slices, local: bool) -> dict:
+  """The copied-weight-slices rule's buffers (module docstring), as weight
+  stacks are kept: {(slice, dtype, "slice"): (0, last index, bytes)} for
+  each layer's slice of a weight (`slices`, the body's inputs; a KV
+  cache's, which carries the batch, left out) a matmul reads with no cast
+  between (through views), live from the body's start to its last
+  matmul."""
+  consumers: dict = {}
+  for i, eqn in enumerate(eqns):
+    for v in eqn.invars:
+      if isinstance(v, jcore.Var):
+        consumers.setdefault(v, []).append(i)
+
+  def matmuls(v) -> list:  # their indices, through views
+    out = []
+    for i in consumers.get(v, ()):
+      if xla_rules.is_view(eqns[i]):
+        out += [m for w in eqns[i].outvars for m in matmuls(w)]
+      elif eqns[i].primitive.name == "dot_general":
+        out.append(i)
+    return out
+
+  found = {}
+  for v in slices:
+    reads = matmuls(v)
+    shape = xla_rules.shape_of(v.aval, local)
+    if not reads or carries_batch(shape):  # a weight's, not a cache's
+      continue
+    found[(v, np.dtype(v.aval.dtype), "slice")] = (
+        0, max(reads), (math.prod(shape) * np.dtype(v.aval.dtype).itemsize,
+                        0))
+  return found
+
+
+def read_from_gathered(eqns, consumers: dict) -> dict:
+  """The sliced-from-the-gather rule (module docstring): {source: (index,
+  gathered)} for each reshard at `index` that all-gathers `source` into a
+  value whole on every device (no mesh axis of more than one device left
+  in its layout), an activation (a weight's FSDP gather is not), where
+  every other reader of `source` is elementwise (the
+  residual adds): those read their slice of the gathered value, which
+  lives to the last of them, and `source` dies at the gather."""
+  out = {}
+  for i, eqn in enumerate(eqns):
+    if eqn.primitive.name != "reshard" or not isinstance(eqn.invars[0],
+                                                          jcore.Var):
+      continue
+    source, gathered = eqn.invars[0], eqn.outvars[0]
+    if (any(layout_of(gathered.aval)) or not any(layout_of(source.aval))
+        or not carries_batch(source.aval.shape)):  # an activation
+      continue
+    others = [c for c in consumers.get(source, ()) if c is not eqn]
+    if others and all(xla_rules.elementwise(c) for c in others):
+      out[source] = (i, gathered)
+  return out
+
+
+def relaid_gemm_result(eqn, producer: dict, local: bool, readers) -> bool:
+  """The relaid-GEMM-results rule (module docstring): `eqn` transposes a
+  matmul's result so that a batch dim of more than one element is no
+  longer among its major-most dims (a GEMM writes its batch dims major),
+  and a matmul with batch dims of its own reads it (`readers`, through
+  views), which needs those major in its operand: a copy of its own."""
+  if eqn.primitive.name != "transpose" or not any(
+      c.primitive.name == "dot_general"
+      and c.params["dimension_numbers"][1][0] for c in readers):
+    return False
+  made = producer.get(eqn.invars[0])
+  if made is None or made.primitive.name != "dot_general":
+    return False
+  batch = len(made.params["dimension_numbers"][1][0])
+  shape = xla_rules.shape_of(eqn.invars[0].aval, local)
+  kept = [d for d in eqn.params["permutation"] if shape[d] > 1]
+  wide = {d for d in range(batch) if shape[d] > 1}
+  return set(kept[:len(wide)]) != wide
+
+
+def relaid_cache_stacks(jaxpr, donated, local: bool, early: bool) -> dict:
+  """The relaid-cache-stack rule's buffer (module docstring), as weight
+  stacks are kept: {(stack, dtype, "relaid"): (the loop's index, or 0
+  where `early` (the memory-scheduler-order rule's schedule, which makes
+  the copy of an argument at the step's start, as it makes a zero fill),
+  the loop's index, bytes)} for the largest stacked argument a top-level loop of a serving
+  step reads that has the aval of a cache leaf (an output written into a
+  donated argument: `donated`, the step's outputs returned into them) and
+  that the loop reads only (a cross-attention cache at a decode step) or
+  whose slice, or the value written into it, a matmul reads that is not a
+  matrix-vector product (`_cache_matmuls`); a stack the loop overwrites
+  whole it does not read (xla_rules.overwritten_argument)."""
+  cache = {(v.aval.shape, v.aval.dtype) for v in donated
+           if isinstance(v, jcore.Var)}
+  arguments = set(jaxpr.invars)
+  found = {}
+  for i, eqn in enumerate(jaxpr.eqns):
+    if eqn.primitive.name != "scan":
+      continue
+    first_xs = sum(loops.scan_counts(eqn))
+    written = {xla_rules.overwritten_argument(eqn, v)
+               for v in eqn.outvars[loops.scan_counts(eqn)[1]:]}
+    body = next(subjaxprs(eqn))[1]
+    sized = []
+    for b, v in zip(body.invars[first_xs:], eqn.invars[first_xs:]):
+      if not (isinstance(v, jcore.Var) and v in arguments
+              and v not in written
+              and (v.aval.shape, v.aval.dtype) in cache):
+        continue
+      updated, matmuls = _cache_matmuls(body, b)
+      if updated and all(map(_matrix_vector, matmuls)):
+        continue
+      shape = xla_rules.shape_of(v.aval, local)
+      sized.append((math.prod(shape) * np.dtype(v.aval.dtype).itemsize,
+                    shape, v))
+    if sized:
+      n, shape, v = max(sized, key=lambda x: x[0])
+      found[(v, np.dtype(v.aval.dtype), "relaid")] = (
+          0 if early else i, i, (0, n) if carries_batch(shape) else (n, 0))
+  return found
+
+
+def _cache_matmuls(body, stack_slice) -> tuple[bool, list]:
+  """(whether the loop updates the slice, the matmuls that read it or the
+  value written into it, or what that is made from up to a matmul): what
+  reads them is followed through every op but a matmul, into the calls and
+  loops it makes, by position."""
+  tainted = {stack_slice}
+  updated = False
+  matmuls = []
+
+  def walk(jaxpr) -> None:
+    nonlocal updated
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    for eqn in jaxpr.eqns:
+      ins = [v for v in eqn.invars if isinstance(v, jcore.Var)]
+      if eqn.primitive.name == "dynamic_update_slice" and (
+          eqn.invars[0] in tainted):
+        updated = True
+        # the value written into it and what that is made from (an int8
+        # cache's quantized k from the bf16 k), up to the matmuls
+        todo = [eqn.invars[1]]
+        while todo:
+          v = todo.pop()
+          if isinstance(v, jcore.Var) and v not in tainted:
+            tainted.add(v)
+            made = producer.get(v)
+            if made is not None and made.primitive.name != "dot_general":
+              todo += made.invars
+      if not any(v in tainted for v in ins):
+        continue
+      if eqn.primitive.name == "dot_general":
+        matmuls.append(eqn)
+        continue
+      for _, sub in subjaxprs(eqn):
+        if len(sub.invars) == len(eqn.invars):
+          tainted.update(b for b, o in zip(sub.invars, eqn.invars)
+                         if isinstance(o, jcore.Var) and o in tainted)
+          walk(sub)
+      tainted.update(eqn.outvars)
+
+  walk(body)
+  # the value written may be made before the slice is read: once more
+  walk(body)
+  return updated, list({id(e): e for e in matmuls}.values())
+
+
+def _matrix_vector(eqn) -> bool:
+  """A matmul one of whose operands keeps no dim of more than one element
+  (one query per kv head at a decode step): XLA's algebraic simplifier
+  makes it a multiply and a reduction, no GEMM."""
+  (contract_l, contract_r), (batch_l, batch_r) = eqn.params[
+      "dimension_numbers"]
+  return any(all(d in contract or d in batch or n == 1
+                 for d, n in enumerate(v.aval.shape))
+             for v, contract, batch in ((eqn.invars[0], contract_l, batch_l),
+                                        (eqn.invars[1], contract_r, batch_r)))
 
 
 def _scattered_fills(eqn, local: bool) -> list[tuple]:

@@ -611,7 +611,7 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   positions; temp 2.74 GB, 2.68 GB of it those stacks);
                   but a stack whose slices the body overwrites whole, over
                   a donated argument nothing else reads, is written into
-                  the argument's buffer (`_overwritten_argument`: T5's
+                  the argument's buffer (`overwritten_argument`: T5's
                   prefill's cross-attention cache, while.81{4} in the
                   allocation of param.14, t5_3b v5p-8 2x2 batch 32);
   stacks made     a loop's stacked output the step returns with a buffer
@@ -668,7 +668,7 @@ off (buffers live at the peak: `python -m experiments.validate ...
   all-to-all      a reshard that moves a mesh axis from one dim to another
   staging         (an all-to-all) copies its operand into the collective's
                   layout first, so at the all-to-all the operand, that copy
-                  and the result are all live (TPU): in gemma-2b's decode
+                  and the result are all live: in gemma-2b's decode
                   step (v5p-8 1x4 b16, 1024 + 256 positions; kept in
                   experiments/data/inference_compiled.jsonl) the embedding
                   table's reshard from vocab-split to width-split for its
@@ -683,7 +683,13 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   is (staged too, #280 mixtral_8x7b v5p-64 8x4
                   `--expert_axis=x` reads traced +7.31% -> +9.65%, #250
                   qwen1.5-moe-4l deferred +36.30% -> +40.88%); nor one
-                  split on its major dim, whose chunks are contiguous;
+                  split on its major dim, whose chunks are contiguous. On a
+                  GPU the same (XLA:GPU's layout assignment puts an
+                  all-to-all's split dim most major): the table's
+                  loop_transpose_fusion (bf16[4,8000,1024]) and all-to-all.2
+                  (bf16[8000,4,1024]) at the peak of llama2_7b h100:8 2x4's
+                  decode, 250 MiB each in llama3_8b h100:8 2x4's (-3.5% ->
+                  -0.0%; experiments/data/inference_compiled_gpu.jsonl);
   interleaved     the step runs the first micro-batch of a gradient
   micro-batches   accumulation on its own and the others in a loop
                   (simulator.step, scope models.scopes.ACCUMULATION); with
@@ -1484,7 +1490,7 @@ def donated_in_place(jaxpr, donated: list) -> list:
   """The stacked-outputs-not-donated rule: of the outputs returned into
   donated buffers, those a loop stacks are left out (a buffer of their
   own), but for a stack written whole over a donated argument nothing else
-  reads (`_overwritten_argument`)."""
+  reads (`overwritten_argument`)."""
   readers: dict = {}
   for e in jaxpr.eqns:
     for v in e.invars:
@@ -1496,13 +1502,13 @@ def donated_in_place(jaxpr, donated: list) -> list:
     if e.primitive.name != "scan":
       continue
     for v in e.outvars[loops.scan_counts(e)[1]:]:
-      operand = _overwritten_argument(e, v)
+      operand = overwritten_argument(e, v)
       if not (operand in arguments and readers.get(operand) == [e]):
         stacked.add(v)
   return [v for v in donated if v not in stacked]
 
 
-def _overwritten_argument(scan, out):
+def overwritten_argument(scan, out):
   """The stacked operand of `scan` whose slices its body overwrites whole
   to make the stacked output `out` (None if none): each iteration's slice a
   dynamic_update_slice of an update of the slice's own shape, which XLA's
