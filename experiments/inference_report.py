@@ -3,7 +3,7 @@
   python -m experiments.inference_report --model=llama2_7b --topology=v5p-8 \
       --mesh=4x1 --batch=16 --prompt=1024 --generate=256 [--kv_dtype=int8] \
       [--attention=flash] [--images_per_sample=N --image_size=PX
-      --patch_size=PX] [--compile] [--format=json]
+      --patch_size=PX] [--compile [--keep=FILE [--part=NAME]]] [--format=json]
 
 Both steps are the training code's Decoder run with a KV cache
 (simulator.serve_step; an encoder-decoder's prefill encodes the prompt once
@@ -16,12 +16,16 @@ cache per device, each step's peak from the live-range model
 throughput at the batch, the verdict (simulator.inference). --compile also
 compiles both steps for --topology and prints XLA's peaks beside them.
 Text in GiB (2**30 bytes); JSON: simulator.inference.to_json, and with
---compile `compiled` (memory_analysis per step) and `compare`.
+--compile `compiled` (memory_analysis per step) and `compare`. --keep adds
+the plan and its compiled steps to a file of kept compiles
+(tests/test_inference.py re-checks today's estimate against each row).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 
 from absl import flags
@@ -46,6 +50,12 @@ flags.DEFINE_enum("attention", _D.attention, list(S.ATTENTIONS),
 cli.define_image_flags()
 flags.DEFINE_bool("compile", False, "compile both steps for --topology and "
                   "compare XLA's peaks")
+flags.DEFINE_string("keep", None, "with --compile: keep the plan's compiled "
+                    "steps as a row of this JSON-lines file (a row for the "
+                    "same plan is replaced), as experiments/data/"
+                    "inference_compiled*.jsonl are")
+flags.DEFINE_string("part", None, "with --keep: the row's part (the GPU "
+                    "file's gpu / gpu-check)")
 
 
 def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
@@ -101,8 +111,26 @@ def _stderr(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
+def _keep(path: str, row: dict) -> None:
+  """The row written into `path` in place of one for the same plan: the
+  file rewritten whole and moved over the old (experiments.results)."""
+  from experiments.results import ResultsFile
+  plan = lambda r: json.dumps([r["model"], r["topology"], r["mesh"],
+                               r["serve"], r.get("part")], sort_keys=True)
+  ResultsFile(path, plan).update([row])
+
+
 def main(argv) -> None:
   del argv
+  if FLAGS.keep is not None and not FLAGS.compile:
+    cli.fail(f"--keep={FLAGS.keep!r} keeps compiled steps; add --compile")
+  if FLAGS.part is not None and FLAGS.keep is None:
+    cli.fail(f"--part={FLAGS.part!r} names a kept row's part; add --keep")
+  if FLAGS.keep is not None:
+    folder = os.path.dirname(os.path.abspath(FLAGS.keep))
+    if not os.path.isdir(folder):
+      cli.fail(f"--keep={FLAGS.keep!r}: no folder {folder!r}; give a file in "
+               "an existing folder")
   cfg, plan = cli.model_and_plan()
   serve = S.ServeSettings(FLAGS.batch, FLAGS.prompt, FLAGS.generate,
                           FLAGS.kv_dtype, FLAGS.attention,
@@ -118,6 +146,11 @@ def main(argv) -> None:
     except jax.errors.JaxRuntimeError as e:
       cli.compiler_failed(e, plan.topology.name)
     comparison = inference.compare(estimate, compiled)
+    if FLAGS.keep is not None:
+      row = {"model": FLAGS.model, "topology": plan.topology.name,
+             "mesh": [plan.X, plan.Y], "serve": dataclasses.asdict(serve),
+             "compiled": compiled}
+      _keep(FLAGS.keep, row | ({"part": FLAGS.part} if FLAGS.part else {}))
   if FLAGS.format == "json":
     out = inference.to_json(estimate)
     if compiled:

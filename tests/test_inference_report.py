@@ -74,6 +74,10 @@ def test_a_gpu_plan_is_simulated_with_xla_gpus_rules():
     (dict(batch=6, mesh="4x1"), "error: kv cache k (2, 6, 24, 2, 16): "
      "dimension 6 is sharded over X=4, which does not divide it"),
     (dict(prompt=0), "error: prompt=0 must be a positive integer"),
+    (dict(keep="kept.jsonl"), "error: --keep='kept.jsonl' keeps compiled "
+     "steps; add --compile"),
+    (dict(part="gpu"), "error: --part='gpu' names a kept row's part; add "
+     "--keep"),
 ])
 def test_bad_values_are_one_line_errors(flags, message):
   out = _run(**flags)
@@ -86,3 +90,30 @@ def test_learned_positions_bound_the_cache():
   out = _run(model="gpt2", mesh="4x1", prompt=1000, generate=100)
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip().endswith("choose prompt + generate <= 1024")
+
+
+def test_a_compiled_plan_is_kept_as_a_row(tmp_path):
+  """--keep adds the plan and its compiled steps to a file of kept
+  compiles, in the rows tests/test_inference.py re-checks (the arguments
+  exact); compiled again, its row is replaced, the other rows kept. A
+  folder that is not there is refused before anything compiles."""
+  kept = tmp_path / "kept.jsonl"
+  other = {"model": "gpt2", "topology": "h100:8", "mesh": [8, 1],
+           "serve": {}, "compiled": {}}
+  kept.write_text(json.dumps(other) + "\n")
+  flags = dict(topology="h100:8", mesh="4x2", batch=8, keep=str(kept),
+               part="gpu-check", format="json")
+  for _ in range(2):
+    out = _run("--compile", **flags)
+    assert out.returncode == 0, out.stderr
+  rows = [json.loads(line) for line in kept.read_text().splitlines()]
+  assert len(rows) == 2 and rows[0] == other
+  row, report = rows[1], json.loads(out.stdout)
+  assert (row["model"], row["topology"], row["mesh"], row["part"]) == (
+      "tiny", "h100:8", [4, 2], "gpu-check")
+  assert row["serve"]["batch"] == 8 and row["compiled"] == report["compiled"]
+  for phase in ("prefill", "decode"):
+    assert report["compare"][phase]["argument_error"] == 0
+  missing = _run("--compile", **{**flags, "keep": str(tmp_path / "no" / "f")})
+  assert missing.returncode == 2 and "no folder" in missing.stderr
+  assert "Traceback" not in missing.stderr
