@@ -924,9 +924,9 @@ def reduced_for_matmuls(eqn, readers, producer: dict) -> bool:
     return False
   for u in eqn.invars:
     made = producer.get(u) if isinstance(u, jcore.Var) else None
-    while made is not None and (xla_rules.is_view(made) or
-                                made.primitive.name in ("broadcast_in_dim",
-                                                        "convert_element_type")):
+    while made is not None and (
+        xla_rules.is_view(made) or made.primitive.name in (
+            "broadcast_in_dim", "convert_element_type")):
       u = made.invars[0]
       made = producer.get(u) if isinstance(u, jcore.Var) else None
     if made is not None and made.primitive.name.startswith("reduce_"):
@@ -1033,13 +1033,14 @@ def relaid_cache_stacks(jaxpr, donated, local: bool, early: bool) -> dict:
   stacks are kept: {(stack, dtype, "relaid"): (the loop's index, or 0
   where `early` (the memory-scheduler-order rule's schedule, which makes
   the copy of an argument at the step's start, as it makes a zero fill),
-  the loop's index, bytes)} for the largest stacked argument a top-level loop of a serving
-  step reads that has the aval of a cache leaf (an output written into a
-  donated argument: `donated`, the step's outputs returned into them) and
-  that the loop reads only (a cross-attention cache at a decode step) or
-  whose slice, or the value written into it, a matmul reads that is not a
-  matrix-vector product (`_cache_matmuls`); a stack the loop overwrites
-  whole it does not read (xla_rules.overwritten_argument)."""
+  the loop's index, bytes)} for the largest stacked argument a top-level
+  loop of a serving step reads that has the aval of a cache leaf (an
+  output written into a donated argument: `donated`, the step's outputs
+  returned into them) and that the loop reads only (a cross-attention
+  cache at a decode step) or whose slice, or the value written into it, a
+  matmul reads that is not a matrix-vector product (`_cache_matmuls`); a
+  stack the loop overwrites whole it does not read
+  (xla_rules.overwritten_argument)."""
   cache = {(v.aval.shape, v.aval.dtype) for v in donated
            if isinstance(v, jcore.Var)}
   arguments = set(jaxpr.invars)
