@@ -358,11 +358,26 @@ def use_local_gpus() -> None:
     jax.config.update("jax_platforms", "cuda,cpu")
 
 
+# XLA failures with a known way round, by a phrase of their message: XLA:GPU
+# fails to tile some Triton GEMMs (the LLaVA vision tower's output
+# projection on h100:8, "Couldn't find output tile sizes"); with Triton
+# GEMMs off the same steps compile, their GEMMs in cuBLAS (README,
+# "Inference (KV cache)").
+COMPILER_WORKAROUNDS = {
+    "Couldn't find output tile sizes":
+        "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false compiles its GEMMs "
+        "with cuBLAS instead"}
+
+
 def compiler_failed(e: Exception, topology: str) -> None:
   """XLA's own failure to compile a step (a JaxRuntimeError that is no
-  out-of-memory answer), not the user's input: one line, exit 1."""
-  print(f"error: XLA could not compile the step for {topology}: "
-        f"{str(e).splitlines()[0][:300]}", file=sys.stderr)
+  out-of-memory answer), not the user's input: one line, exit 1, with the
+  way round a known failure has."""
+  message = str(e).splitlines()[0]
+  hint = next((f" ({way})" for phrase, way in COMPILER_WORKAROUNDS.items()
+               if phrase in message), "")
+  print(f"error: XLA could not compile the step for {topology}:{hint} "
+        f"{message[:300]}", file=sys.stderr)
   raise SystemExit(1) from None
 
 

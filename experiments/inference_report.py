@@ -52,8 +52,9 @@ flags.DEFINE_bool("compile", False, "compile both steps for --topology and "
                   "compare XLA's peaks")
 flags.DEFINE_string("keep", None, "with --compile: keep the plan's compiled "
                     "steps as a row of this JSON-lines file (a row for the "
-                    "same plan is replaced), as experiments/data/"
-                    "inference_compiled*.jsonl are")
+                    "same plan is replaced; XLA_FLAGS, where set, recorded "
+                    "with it), as experiments/data/inference_compiled*.jsonl"
+                    " are")
 flags.DEFINE_string("part", None, "with --keep: the row's part (the GPU "
                     "file's gpu / gpu-check)")
 
@@ -150,7 +151,11 @@ def main(argv) -> None:
       row = {"model": FLAGS.model, "topology": plan.topology.name,
              "mesh": [plan.X, plan.Y], "serve": dataclasses.asdict(serve),
              "compiled": compiled}
-      _keep(FLAGS.keep, row | ({"part": FLAGS.part} if FLAGS.part else {}))
+      if FLAGS.part:
+        row["part"] = FLAGS.part
+      if os.environ.get("XLA_FLAGS"):  # what the compiler was told
+        row["xla_flags"] = os.environ["XLA_FLAGS"]
+      _keep(FLAGS.keep, row)
   if FLAGS.format == "json":
     out = inference.to_json(estimate)
     if compiled:

@@ -12,8 +12,8 @@ COMMON = dict(model="tiny", topology="v5p-8", mesh="2x2", batch=4, prompt=16,
               generate=8, attention="materialized")
 
 
-def _run(*args, **flags):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+def _run(*args, env: dict | None = None, **flags):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
   flags = [f"--{k}={v}" for k, v in {**COMMON, **flags}.items()]
   return subprocess.run([sys.executable, "-m", "experiments.inference_report",
                          *flags, *args], cwd=ROOT, env=env,
@@ -95,16 +95,17 @@ def test_learned_positions_bound_the_cache():
 def test_a_compiled_plan_is_kept_as_a_row(tmp_path):
   """--keep adds the plan and its compiled steps to a file of kept
   compiles, in the rows tests/test_inference.py re-checks (the arguments
-  exact); compiled again, its row is replaced, the other rows kept. A
-  folder that is not there is refused before anything compiles."""
+  exact); compiled again, its row is replaced, the other rows kept, and
+  the XLA_FLAGS it was compiled under kept with it. A folder that is not
+  there is refused before anything compiles."""
   kept = tmp_path / "kept.jsonl"
   other = {"model": "gpt2", "topology": "h100:8", "mesh": [8, 1],
            "serve": {}, "compiled": {}}
   kept.write_text(json.dumps(other) + "\n")
   flags = dict(topology="h100:8", mesh="4x2", batch=8, keep=str(kept),
                part="gpu-check", format="json")
-  for _ in range(2):
-    out = _run("--compile", **flags)
+  for env in ({}, {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"}):
+    out = _run("--compile", env=env, **flags)
     assert out.returncode == 0, out.stderr
   rows = [json.loads(line) for line in kept.read_text().splitlines()]
   assert len(rows) == 2 and rows[0] == other
@@ -112,6 +113,7 @@ def test_a_compiled_plan_is_kept_as_a_row(tmp_path):
   assert (row["model"], row["topology"], row["mesh"], row["part"]) == (
       "tiny", "h100:8", [4, 2], "gpu-check")
   assert row["serve"]["batch"] == 8 and row["compiled"] == report["compiled"]
+  assert row["xla_flags"] == "--xla_gpu_enable_triton_gemm=false"
   for phase in ("prefill", "decode"):
     assert report["compare"][phase]["argument_error"] == 0
   missing = _run("--compile", **{**flags, "keep": str(tmp_path / "no" / "f")})

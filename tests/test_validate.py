@@ -11,10 +11,10 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
            PYTHONPATH=ROOT)
 
 
-def _run(*args):
+def _run(*args, env: dict | None = None):
   return subprocess.run([sys.executable, "-m", "experiments.validate", *args],
-                        cwd=ROOT, env=ENV, capture_output=True, text=True,
-                        timeout=300)
+                        cwd=ROOT, env={**ENV, **(env or {})},
+                        capture_output=True, text=True, timeout=300)
 
 
 def test_json_schema_tpu_v5p():
@@ -119,13 +119,19 @@ def test_a_plan_over_hbm_is_an_answer():
 def test_a_compiler_failure_is_one_line():
   """XLA:GPU (the pinned CUDA plugin) finds no Triton tiling for the TP-
   sharded vision tower of llava_mini on h100:8 4x2 (the GPU corpus's #39
-  records it): one line naming the target and XLA's message, exit 1, no
-  traceback."""
-  p = _run("--model=llava_mini", "--topology=h100:8", "--mesh=4x2",
-           "--batch=16", "--seq=768", "--remat=full", "--loss_chunks=4")
+  records it): one line naming the target, the way round (Triton GEMMs
+  off, cuBLAS instead: the same step then compiles) and XLA's message,
+  exit 1, no traceback."""
+  plan = ("--model=llava_mini", "--topology=h100:8", "--mesh=4x2",
+          "--batch=16", "--seq=768", "--remat=full", "--loss_chunks=4")
+  p = _run(*plan)
   assert p.returncode == 1, p.stderr[-2000:]
   last = p.stderr.strip().splitlines()[-1]
-  assert last.startswith("error: XLA could not compile the step for h100:8: "
-                         "INTERNAL"), last
+  assert last.startswith(
+      "error: XLA could not compile the step for h100:8: (XLA_FLAGS="
+      "--xla_gpu_enable_triton_gemm=false compiles its GEMMs with cuBLAS "
+      "instead) INTERNAL"), last
   assert "Traceback" not in p.stderr
+  p = _run(*plan, env={"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"})
+  assert p.returncode == 0, p.stderr[-2000:]
 
