@@ -131,17 +131,19 @@ def define_corpus_flags() -> None:
                       "the experiment's own under experiments/")
 
 
-def read_kept_rows(path: str) -> list[dict]:
-  """The JSON lines of a --jsonl file (--from_jsonl), or a one-line error."""
+def read_kept_rows(path: str, flag: str = "from_jsonl",
+                   what: str = "a --jsonl file of an earlier run"
+                   ) -> list[dict]:
+  """The JSON lines of a file of kept rows (`flag` names it: a --jsonl file
+  for --from_jsonl), or a one-line error saying it wants `what`."""
   import json  # pylint: disable=g-import-not-at-top
   try:
     with open(path) as f:
       rows = [json.loads(line) for line in f if line.strip()]
   except (OSError, ValueError) as e:
-    fail(f"--from_jsonl={path!r}: {e}; give a --jsonl file of an earlier run")
+    fail(f"--{flag}={path!r}: {e}; give {what}")
   if not rows:
-    fail(f"--from_jsonl={path!r} holds no rows; give a --jsonl file of an "
-         "earlier run")
+    fail(f"--{flag}={path!r} holds no rows; give {what}")
   return rows
 
 

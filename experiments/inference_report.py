@@ -4,6 +4,8 @@
       --mesh=4x1 --batch=16 --prompt=1024 --generate=256 [--kv_dtype=int8] \
       [--attention=flash] [--images_per_sample=N --image_size=PX
       --patch_size=PX] [--compile [--keep=FILE [--part=NAME]]] [--format=json]
+  python -m experiments.inference_report \
+      --recheck=experiments/data/inference_compiled_gpu.jsonl [--format=json]
 
 Both steps are the training code's Decoder run with a KV cache
 (simulator.serve_step; an encoder-decoder's prefill encodes the prompt once
@@ -17,8 +19,10 @@ throughput at the batch, the verdict (simulator.inference). --compile also
 compiles both steps for --topology and prints XLA's peaks beside them.
 Text in GiB (2**30 bytes); JSON: simulator.inference.to_json, and with
 --compile `compiled` (memory_analysis per step) and `compare`. --keep adds
-the plan and its compiled steps to a file of kept compiles
-(tests/test_inference.py re-checks today's estimate against each row).
+the plan and its compiled steps to a file of kept compiles; --recheck
+sets today's estimate against each row of one (simulator.inference.recheck,
+as tests/test_inference.py does): each step's peak error, and per part the
+median |error|, the range and the steps within 5%.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import sys
 
 from absl import flags
@@ -57,6 +62,9 @@ flags.DEFINE_string("keep", None, "with --compile: keep the plan's compiled "
                     " are")
 flags.DEFINE_string("part", None, "with --keep: the row's part (the GPU "
                     "file's gpu / gpu-check)")
+flags.DEFINE_string("recheck", None, "instead of one plan: today's estimate "
+                    "against every compile kept in this file (--keep's rows), "
+                    "each step's error and a summary per part")
 
 
 def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
@@ -121,8 +129,43 @@ def _keep(path: str, row: dict) -> None:
   ResultsFile(path, plan).update([row])
 
 
+def render_recheck(results: list[dict]) -> str:
+  """Each kept plan's peak errors, prefill / decode, and per part: the
+  median |error|, the range, the steps within 5%, the arguments exact."""
+  pct = lambda x: f"{100 * x:+.2f}%"
+  lines, parts = [], {}
+  for r in results:
+    s, errors = r["serve"], r["peak_error"]
+    lines.append(f"{r['part'] or '-'}  {r['model']} {r['topology']} "
+                 f"{r['mesh'][0]}x{r['mesh'][1]} b{s['batch']} "
+                 f"{s['prompt']}+{s['generate']} {s['kv_dtype']}: "
+                 + " / ".join(f"{p} {pct(errors[p])}" for p in inference.PHASES
+                              if p in errors))
+    steps = parts.setdefault(r["part"] or "-", [[], 0])
+    steps[0] += errors.values()
+    steps[1] += sum(x == 0 for x in r["argument_error"].values())
+  lines.append("")
+  for part, (errors, exact) in parts.items():
+    lines.append(
+        f"{part}: {len(errors)} steps, median |error| "
+        f"{100 * statistics.median(map(abs, errors)):.2f}%, from "
+        f"{pct(min(errors))} to {pct(max(errors))}, "
+        f"{sum(abs(x) <= 0.05 for x in errors)} within 5%; arguments exact "
+        f"in {exact}")
+  return "\n".join(lines)
+
+
 def main(argv) -> None:
   del argv
+  if FLAGS.recheck is not None:
+    if FLAGS.compile:
+      cli.fail(f"--recheck={FLAGS.recheck!r} re-checks kept compiles; drop "
+               "--compile (or --recheck)")
+    results = inference.recheck(cli.read_kept_rows(
+        FLAGS.recheck, "recheck", "a file of inference_report --keep rows"))
+    print(json.dumps(results, indent=1) if FLAGS.format == "json"
+          else render_recheck(results))
+    return
   if FLAGS.keep is not None and not FLAGS.compile:
     cli.fail(f"--keep={FLAGS.keep!r} keeps compiled steps; add --compile")
   if FLAGS.part is not None and FLAGS.keep is None:

@@ -52,8 +52,10 @@ from typing import Any
 import jax
 
 from meshes import gpu_target
-from meshes.layout import MeshPlan, abstract_mesh
+from meshes.layout import MeshPlan, abstract_mesh, plan_mesh
+from meshes.topology import parse_topology
 from models.config import ModelConfig
+from models.registry import load_model
 from simulator.xla import compiled as compiled_lib
 from simulator.xla import hlo_collectives
 from simulator.memory import (OVERHEAD_FRACTION, liveness, tpu_tiled_bytes,
@@ -291,6 +293,23 @@ def compare(estimate: InferenceEstimate,
                                         comp["argument_bytes"]),
                   "collectives": compiled_lib.compare_collectives(
                       p.collectives, comp.get("collectives", {}))}
+  return out
+
+
+def recheck(rows: list[dict]) -> list[dict]:
+  """Today's estimate against each kept compile (rows as
+  `inference_report --keep` writes them): per row its plan, its part and,
+  per step, the peak's and the arguments' relative errors (`compare`)."""
+  out = []
+  for row in rows:
+    plan = plan_mesh(parse_topology(row["topology"]), *row["mesh"])
+    e = inference_report(load_model(row["model"]),
+                         ServeSettings(**row["serve"]), plan)
+    c = compare(e, row["compiled"])
+    out.append({**{k: row[k] for k in ("model", "topology", "mesh", "serve")},
+                "part": row.get("part"),
+                "peak_error": {p: c[p]["peak_error"] for p in c},
+                "argument_error": {p: c[p]["argument_error"] for p in c}})
   return out
 
 

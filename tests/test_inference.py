@@ -156,23 +156,18 @@ def test_encoder_decoder_decode_reads_the_decoder_and_both_caches():
 def _kept_peak_errors(name: str, part: str | None = None) -> list[float]:
   """Today's symbolic peak against XLA's, (symbolic - XLA) / XLA, for
   each step of each plan kept in experiments/data/`name` (of `part` only,
-  where given); every step's arguments exact."""
+  where given; inference.recheck); every step's arguments exact."""
   import json
   import os
   path = os.path.join(os.path.dirname(__file__), "..", "experiments", "data",
                       name)
-  errors = []
   with open(path) as f:
-    for line in f:
-      row = json.loads(line)
-      if part is not None and row["part"] != part:
-        continue
-      plan = plan_mesh(parse_topology(row["topology"]), *row["mesh"])
-      e = inference.inference_report(load_model(row["model"]),
-                                     ServeSettings(**row["serve"]), plan)
-      for phase, c in inference.compare(e, row["compiled"]).items():
-        assert c["argument_error"] == 0, (row, phase)
-        errors.append(c["peak_error"])
+    rows = [json.loads(line) for line in f]
+  errors = []
+  for r in inference.recheck([r for r in rows
+                              if part is None or r["part"] == part]):
+    assert set(r["argument_error"].values()) == {0}, r
+    errors += r["peak_error"].values()
   return errors
 
 

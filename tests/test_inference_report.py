@@ -78,6 +78,10 @@ def test_a_gpu_plan_is_simulated_with_xla_gpus_rules():
      "steps; add --compile"),
     (dict(part="gpu"), "error: --part='gpu' names a kept row's part; add "
      "--keep"),
+    (dict(recheck="no.jsonl"), "error: --recheck='no.jsonl': [Errno 2] No "
+     "such file or directory"),
+    (dict(recheck="no.jsonl", compile=True), "error: --recheck='no.jsonl' "
+     "re-checks kept compiles; drop --compile"),
 ])
 def test_bad_values_are_one_line_errors(flags, message):
   out = _run(**flags)
@@ -96,7 +100,8 @@ def test_a_compiled_plan_is_kept_as_a_row(tmp_path):
   """--keep adds the plan and its compiled steps to a file of kept
   compiles, in the rows tests/test_inference.py re-checks (the arguments
   exact); compiled again, its row is replaced, the other rows kept, and
-  the XLA_FLAGS it was compiled under kept with it. A folder that is not
+  the XLA_FLAGS it was compiled under kept with it; --recheck reads it
+  back, each step's error and its part's summary. A folder that is not
   there is refused before anything compiles."""
   kept = tmp_path / "kept.jsonl"
   other = {"model": "gpt2", "topology": "h100:8", "mesh": [8, 1],
@@ -116,6 +121,13 @@ def test_a_compiled_plan_is_kept_as_a_row(tmp_path):
   assert row["xla_flags"] == "--xla_gpu_enable_triton_gemm=false"
   for phase in ("prefill", "decode"):
     assert report["compare"][phase]["argument_error"] == 0
+  alone = tmp_path / "alone.jsonl"
+  alone.write_text(json.dumps(row) + "\n")
+  again = _run(recheck=str(alone))
+  assert again.returncode == 0, again.stderr
+  assert "gpu-check  tiny h100:8 4x2 b8 16+8 bf16: prefill " in again.stdout
+  assert again.stdout.strip().splitlines()[-1].startswith("gpu-check: 2 steps")
+  assert again.stdout.strip().endswith("arguments exact in 2")
   missing = _run("--compile", **{**flags, "keep": str(tmp_path / "no" / "f")})
   assert missing.returncode == 2 and "no folder" in missing.stderr
   assert "Traceback" not in missing.stderr
