@@ -140,6 +140,14 @@ def render(result: dict, header: str) -> str:
                  f"analysis counts it: symbolic {f['symbolic']:.4g}, XLA "
                  f"{f['xla']:.4g} (elementwise ops' added) "
                  f"({100 * f['relative_error']:+.2f}%)")
+  if result.get("hbm_bytes"):
+    b = result["hbm_bytes"]
+    lines.append(f"HBM bytes per device, each loop body once as XLA's cost "
+                 f"analysis counts it: the step-time model's (matmuls' "
+                 f"operands and results, other fusions' reads and writes) "
+                 f"{b['symbolic']:.4g}, XLA's bytes accessed {b['xla']:.4g} "
+                 f"(collectives, copies and host transfers added) "
+                 f"({100 * b['relative_error']:+.2f}%)")
   cc = result["collectives"]
   err = cc["relative_error"]
   lines.append(f"collectives, per device per step (V: gathered result, "

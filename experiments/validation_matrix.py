@@ -159,34 +159,93 @@ def summary(rows: list[dict]) -> list[str]:
         f"{100 * statistics.median(errs):.2f}%, worst {100 * max(errs):.2f}% "
         f"over {len(errs)} configs; summed, {sum(c['symbolic_bytes'] for c in coll) / GiB:.2f}"
         f" vs {sum(c['hlo_bytes'] for c in coll) / GiB:.2f} GiB")
-  flops = [r for r in ok if r.get("flops") and _part(r) != "toy"]
-  if flops:
-    host = [r for r in flops if _streamed_in_loops(r["config"])]
-    slices = [r for r in flops if r not in host and _across_slices(r["config"])]
-    rest = sorted((r for r in flops if r not in host and r not in slices),
-                  key=lambda r: r["flops"]["relative_error"])
-    err = lambda r: r["flops"]["relative_error"]
-    tag = lambda r: f"#{r['config'].get('index', '?')} {_pct(err(r))}"
-    lines.append(
-        f"- matmul FLOPs per device, symbolic (the traced program's dots, "
-        f"each loop body once, as XLA's HloCostAnalysis counts a while "
-        f"loop) vs the compiled step's cost_analysis() flops (which add the "
-        f"elementwise ops'): "
-        + (f"relative error median "
-           f"{100 * statistics.median(map(err, rest)):+.2f}%, from "
-           f"{tag(rest[0])} to {tag(rest[-1])} over {len(rest)} configs"
-           if rest else "no config to compare")
-        + (f"; not comparable where the layer loops stream from host memory "
-           f"({', '.join(map(tag, host))}): XLA unrolls them, by two in the "
-           f"optimized HLO of #34 and #69, and its cost analysis counts each "
-           f"copy" if host else "")
-        + (f"; nor where replicas span slices ({', '.join(map(tag, slices))})"
-           f": the module holds two copies of some layer loops (#290: 8 "
-           f"while loops, the one-slice #291 6), each counted" if slices
-           else ""))
+  line = _cost_line(ok, "flops", (
+      "matmul FLOPs per device, symbolic (the traced program's dots, each "
+      "loop body once, as XLA's HloCostAnalysis counts a while loop) vs the "
+      "compiled step's cost_analysis() flops (which add the elementwise "
+      "ops')"))
+  if line:
+    lines.append(line)
+  line = _cost_line(ok, "hbm_bytes", (
+      "HBM bytes per device, the step-time model's (simulator.timing."
+      "roofline: matmuls' operands and results, other fusions' reads and "
+      "writes; each loop body once) vs the compiled step's cost_analysis() "
+      "bytes accessed (which add collectives, copies and host transfers)"),
+      quantized=True, by_tokens=True)
+  if line:
+    lines.append(line)
   if any("program" in r for r in checked):
     lines.append(_program_line(checked, changed))
   return lines
+
+
+def _tokens_per_device(config: dict) -> int:
+  """Tokens a data shard runs per step: batch x seq over D x X."""
+  from meshes.layout import parse_mesh_name
+  x, _, d = parse_mesh_name(config["mesh"])
+  return config["batch"] * config["seq"] // (x * d)
+
+
+# Tokens a device runs per step: the bounds of the bins the HBM-bytes line
+# gives its medians in (a reporting choice, powers of four).
+_TOKEN_BINS = (4096, 16384, 65536)
+
+
+def _by_tokens(rows: list[dict], err) -> str:
+  """The median of `err` over the rows in each bin of tokens per device."""
+  out = []
+  for lo, hi in zip((0, *_TOKEN_BINS), (*_TOKEN_BINS, None)):
+    errs = [err(r) for r in rows if _tokens_per_device(r["config"]) > lo
+            and (hi is None or _tokens_per_device(r["config"]) <= hi)]
+    if errs:
+      label = f"up to {hi:,}" if hi else f"over {lo:,}"
+      out.append(f"{label} median {_pct(statistics.median(errs))} "
+                 f"({len(errs)})")
+  return "; by tokens a device (batch x seq / data shards): " + ", ".join(out)
+
+
+def _cost_line(rows: list[dict], key: str, what: str,
+               quantized: bool = False, by_tokens: bool = False
+               ) -> str | None:
+  """The symbolic figure `key` (a crosscheck comparison) against XLA's cost
+  analysis over the non-toy rows: median and range, the rows XLA counts
+  otherwise apart; with `quantized` the 8-bit optimizer's too, where XLA's
+  bytes accessed weight each fused operand by how often its fusion reads
+  it."""
+  rows = [r for r in rows if r.get(key) and _part(r) != "toy"]
+  if not rows:
+    return None
+  host = [r for r in rows if _streamed_in_loops(r["config"])]
+  slices = [r for r in rows if r not in host and _across_slices(r["config"])]
+  codes = [r for r in rows if quantized and r not in host + slices
+           and r["config"].get("optimizer") == "adamw_8bit"]
+  err = lambda r: r[key]["relative_error"]
+  rest = sorted((r for r in rows if r not in host + slices + codes),
+                key=err)
+  tag = lambda r: f"#{r['config'].get('index', '?')} {_pct(err(r))}"
+  return (
+      f"- {what}: "
+      + (f"relative error median "
+         f"{100 * statistics.median(map(err, rest)):+.2f}%, from "
+         f"{tag(rest[0])} to {tag(rest[-1])} over {len(rest)} configs"
+         if rest else "no config to compare")
+      + (_by_tokens(rest, err) if rest and by_tokens else "")
+      + (f"; not comparable where the layer loops stream from host memory "
+         f"({', '.join(map(tag, host))}): XLA unrolls them, by two in the "
+         f"optimized HLO of #34 and #69, and its cost analysis counts each "
+         f"copy" if host else "")
+      + (f"; nor where replicas span slices ({', '.join(map(tag, slices))})"
+         f": the module holds two copies of some layer loops (#290: 8 "
+         f"while loops, the one-slice #291 6), each counted" if slices
+         else "")
+      + (f"; nor with the 8-bit optimizer ({', '.join(map(tag, codes))}): "
+         f"XLA's cost analysis counts a fused operand's bytes as often as "
+         f"the fusion reads each element, and the quantization compares "
+         f"each moment element with the 255 midpoints of its code map "
+         f"(simulator.adam8bit): gpt2 v5p-8 4x1 b16 s512 (#81) 620.4 GB "
+         f"where its AdamW twin (#0) counts 6.9 GB and the operands and "
+         f"results of its optimized module's instructions sum to 17.2 GB"
+         if codes else ""))
 
 
 def _across_slices(config: dict) -> bool:
@@ -207,7 +266,7 @@ COLUMNS = ("#", "model", "part", "topology", "mesh", "batch", "seq", "remat",
            "optimizer", "settings", "args sym", "args XLA", "args err",
            "temp sym", "temp XLA", "peak sym", "peak XLA", "peak err",
            "peak-ovh err", "coll sym GiB", "coll HLO GiB", "coll err",
-           "flops err", "compile s")
+           "flops err", "bytes err", "compile s")
 
 
 def _settings(c: dict) -> str:
@@ -241,6 +300,7 @@ def _row(i: int, r: dict) -> list[str]:
       g(r["collectives"]["symbolic_bytes"]), g(r["collectives"]["hlo_bytes"]),
       _pct(r["collectives"]["relative_error"]),
       _pct(r["flops"]["relative_error"]) if r.get("flops") else "-",
+      _pct(r["hbm_bytes"]["relative_error"]) if r.get("hbm_bytes") else "-",
       f"{x['compile_seconds']:.0f}"]
 
 

@@ -480,6 +480,34 @@ def test_matmul_flops_count_a_loop_body_once_as_cost_analysis_does():
   assert compiled.compare_flops(dots, None) is None
 
 
+def test_hbm_bytes_count_a_loop_body_once_as_cost_analysis_does():
+  """The step-time model's HBM bytes held against XLA's bytes accessed are
+  each matmul's operands and result and each other fusion's reads and
+  writes, a scan's body once: three [8,16]@[16,4] f32 matmuls in a scan
+  count one's 4*(8*16 + 16*4 + 8*4) bytes, the [8,16]@[16,16] beside it
+  4*(8*16 + 16*16 + 8*16), and the tanh after it reads and writes its
+  [8,16] result."""
+  import jax
+  import jax.numpy as jnp
+  from simulator.tracing.program import read_program
+  from simulator.xla import compiled
+
+  def fn(ws, w, x):
+    y, _ = jax.lax.scan(lambda c, wi: (c, x @ wi), 0.0, ws)
+    return y, jnp.tanh(x @ w)
+  closed = jax.make_jaxpr(fn)(jnp.ones((3, 16, 4)), jnp.ones((16, 16)),
+                              jnp.ones((8, 16)))
+  program = read_program(closed, 1)
+  matmuls = 4 * (8 * 16 + 16 * 4 + 8 * 4) + 4 * (8 * 16 + 16 * 16 + 8 * 16)
+  assert sum(sum(d.hbm_bytes) for d in program.dots) == matmuls
+  others = sum(t.fixed + t.linear for t in program.traffic)
+  assert others >= 2 * 4 * 8 * 16  # the tanh's read and write at least
+  got = compiled.compare_hbm_bytes(program, 2 * (matmuls + others))
+  assert got["symbolic"] == matmuls + others
+  assert got["relative_error"] == -0.5
+  assert compiled.compare_hbm_bytes(program, None) is None
+
+
 def test_a_refusal_without_a_dump_has_no_peak(tmp_path):
   """Where libtpu wrote no buffer assignment (or none could be read) the
   refused compile carries no peak, and its row gets no peak fields."""

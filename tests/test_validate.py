@@ -29,6 +29,7 @@ def test_json_schema_tpu_v5p():
   assert isinstance(r["relative_error"]["peak"], float)
   assert r["compiled"]["layout_argument_bytes"] == r["compiled"]["argument_bytes"]
   assert "params" in r["symbolic"] and "peak" in r["symbolic"]
+  assert r["hbm_bytes"]["xla"] == r["compiled"]["bytes_accessed"]
   # each of libtpu's three schedules replayed on the module before its
   # scheduler (simulator.xla.heap_replay): its own estimates, within 2%
   logged, replayed = r["compiled"]["memory_scheduler"], r["compiled"][
@@ -83,6 +84,11 @@ def test_text_report_is_quiet_and_names_the_peak():
   assert re.search(r"XLA's memory scheduler .*: list [\d.]+, DFS [\d.]+, "
                    r"post-order [\d.]+ GiB; kept the (list|DFS|post-order) "
                    r"schedule", p.stdout), p.stdout
+  # the step-time model's FLOPs and HBM bytes beside XLA's cost analysis
+  assert re.search(r"matmul FLOPs per device, .*: symbolic [\d.e+]+, XLA "
+                   r"[\d.e+]+ .*\([+-][\d.]+%\)", p.stdout), p.stdout
+  assert re.search(r"HBM bytes per device, .* [\d.e+]+, XLA's bytes "
+                   r"accessed [\d.e+]+ .*\([+-][\d.]+%\)", p.stdout), p.stdout
 
 
 def test_a_gpu_compile_reports_xla_gpu_s_own_estimates():
@@ -92,7 +98,10 @@ def test_a_gpu_compile_reports_xla_gpu_s_own_estimates():
   p = _run("--model=tiny", "--topology=a100:8", "--mesh=4x2", "--batch=8",
            "--seq=128", "--format=json")
   assert p.returncode == 0, p.stderr[-3000:]
-  got = json.loads(p.stdout)["compiled"]["memory_scheduler"]
+  result = json.loads(p.stdout)
+  got = result["compiled"]["memory_scheduler"]
+  # the deviceless path's cost analysis (if any) is not compared
+  assert result["flops"] is None and result["hbm_bytes"] is None
   assert set(got) == {"list", "dfs", "post order", "chose"}, got
   assert got[got["chose"]] == min(got["list"], got["dfs"], got["post order"])
   assert not re.search(r"^I\d{4} ", p.stderr, re.M), p.stderr[-2000:]

@@ -119,6 +119,7 @@ def test_the_docs_state_what_the_model_gives_on_kept_rows(index):
   assert doc["peak-ovh err"] == vm._pct(errors["peak_no_overhead"]), doc
   flops = row["flops"]["relative_error"]
   assert doc["flops err"] == vm._pct(flops), doc
+  assert doc["bytes err"] == vm._pct(row["hbm_bytes"]["relative_error"]), doc
   # XLA's flops add the elementwise ops': a toy's and the 8-bit optimizer's
   # blockwise quantization of every parameter weigh more than a few %.
   assert -0.25 < flops < 0.02, flops

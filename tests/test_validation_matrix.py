@@ -100,6 +100,33 @@ def test_a_summary_of_host_streamed_rows_alone_has_no_flops_median():
          "stream from host memory (#7 -40.00%)" in text, text
 
 
+def test_the_summary_holds_hbm_bytes_against_the_cost_analysis():
+  """Each row's step-time HBM bytes against XLA's bytes accessed: the
+  median and range over the rows XLA counts as the model does, and per bin
+  of tokens a device; those that stream layers from host memory and the
+  8-bit optimizer's named apart, toys left out."""
+  rows = [_row("gpt2", 0.0, 0.0, "tune"), _row("llama2_7b", 0.0, 0.0, "check"),
+          _row("llama2_7b", 0.0, 0.0, "check"),
+          _row("llama3_8b", 0.0, 0.0, "check"),
+          _row("llama3_8b", 0.0, 0.0, "check"), _row("tiny", 0.0, 0.0, "toy")]
+  for i, (r, err, batch) in enumerate(zip(
+      rows, (-0.4, 0.5, 0.7, 0.9, -0.95, 3.0), (8, 8, 64, 8, 8, 8))):
+    r["config"].update(index=i, mesh="4x1", topology="v5p-8", batch=batch,
+                       seq=2048, optimizer="adamw")
+    r["hbm_bytes"] = {"relative_error": err}
+  rows[3]["config"]["remat"] = "offload:qkv"
+  rows[4]["config"]["optimizer"] = "adamw_8bit"
+  text = "\n".join(vm.summary(rows))
+  assert ("vs the compiled step's cost_analysis() bytes accessed (which add "
+          "collectives, copies and host transfers): relative error median "
+          "+50.00%, from #0 -40.00% to #2 +70.00% over 3 configs; by tokens "
+          "a device (batch x seq / data shards): up to 4,096 median +5.00% "
+          "(2), up to 65,536 median +70.00% (1); not comparable where the "
+          "layer loops stream from host memory (#3 +90.00%)") in text, text
+  assert "nor with the 8-bit optimizer (#4 -95.00%)" in text, text
+  assert "#5 +300.00%" not in text  # toys left out
+
+
 def test_the_gpu_corpus_parts_are_reported_apart(tmp_path):
   """`gpu` (tuned on) and `gpu-check` (held out) each get their own lines,
   and a table of GPU rows says so in its header."""

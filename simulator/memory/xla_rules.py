@@ -367,7 +367,18 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   fusions, fusion.730-733 and 679-684, right after their
                   backward, before the flash backward loop; that 4x1 row is
                   +7.1% over XLA's peak with the deferral, +0.6% without,
-                  before the into-matmuls rule; +5.1% with it).
+                  before the into-matmuls rule; +5.1% with it). A layer
+                  body simulated in the traced order wherever the step's
+                  schedule is (one schedule per module, as on a GPU)
+                  reads under XLA: re-checked on the corpus (session 48),
+                  the check part's median falls from 6.67% to 4.74% but
+                  20 of its 233 rows read more than 5% under, down to
+                  -12.34% (mixtral_mini v5e-16 8x2 b384, #246), and
+                  llama2_70b v5p-256 32x4 b1024 s4096 (#54) holds the MLP's
+                  norm, up-projections and down-projection gradient
+                  through the flash backward loop at +8.6% but drops them
+                  at -2.7%: XLA's DFS body defers some (#56), so on a TPU
+                  the body stays deferred, an upper bound.
                   For the output projection: of fifteen dumped schedules XLA
                   holds the logits gradient through the layers' backward in
                   four (llama3_8b 32x2, llama2_7b v5e 16x2, mistral 16x2,

@@ -633,6 +633,24 @@ def compare_flops(dots, xla_flops: float | None) -> dict[str, Any] | None:
           "relative_error": (s - xla_flops) / xla_flops}
 
 
+def compare_hbm_bytes(program, xla_bytes: float | None
+                      ) -> dict[str, Any] | None:
+  """The step-time model's HBM bytes on one device (simulator.timing.
+  roofline's: each matmul's operands read and result written, each other
+  fusion's reads and writes) vs `cost_analysis()`'s "bytes accessed",
+  counted as XLA's HloCostAnalysis counts: a while loop's body once. XLA's
+  figure also counts the collectives', copies' and host transfers' bytes,
+  which the model times apart, and its own fusions (what it reads through
+  a slice, a buffer it keeps in VMEM); None where the compiler gives no
+  cost analysis."""
+  if not xla_bytes:
+    return None
+  s = float(sum(sum(d.hbm_bytes) for d in program.dots)
+            + sum(t.fixed + t.linear for t in program.traffic))
+  return {"symbolic": s, "xla": float(xla_bytes),
+          "relative_error": (s - xla_bytes) / xla_bytes}
+
+
 def compare_collectives(symbolic, hlo_summary: dict[str, dict[str, int]]
                         ) -> dict[str, Any]:
   """Per-device bytes per step by "kind@axis": the traced program's collectives

@@ -57,22 +57,25 @@ def validate(cfg: ModelConfig, settings: TrainSettings, topology: str, x: int,
   out = compiled.compare(estimate, rep)
   out["collectives"] = compiled.compare_collectives(
       program.made(), rep.collective_summary())
-  out["flops"] = compiled.compare_flops(program.dots,
-                                       _comparable_flops(rep.flops, target or topology))
+  target = target or topology
+  out["flops"] = compiled.compare_flops(
+      program.dots, _comparable_cost(rep.flops, target))
+  out["hbm_bytes"] = compiled.compare_hbm_bytes(
+      program, _comparable_cost(rep.bytes_accessed, target))
   out["config"] = {"model": cfg.name, "topology": topology,
                    "mesh": mesh_name(x, y, D=d),
-                   "target": target or topology,
+                   "target": target,
                    **dataclasses.asdict(settings)}
   return out
 
 
-def _comparable_flops(flops: float | None, target: str) -> float | None:
-  """XLA's FLOPs where they count the matmuls. XLA:GPU's cost analysis
-  leaves out the matmuls its autotuner hands to cuBLAS (custom calls):
-  qwen2-0.5b b8 s2048 on an H100, 2.1e11 FLOPs autotuned, 1.5e13 with
-  --xla_gpu_autotune_level=0 (experiments/data/executed_gpu.jsonl), so no
-  GPU figure is compared."""
-  return None if compiled.target_kind(target) == "gpu" else flops
+def _comparable_cost(figure: float | None, target: str) -> float | None:
+  """XLA's cost-analysis figure (flops, bytes accessed) where it counts the
+  matmuls. XLA:GPU's cost analysis leaves out the matmuls its autotuner
+  hands to cuBLAS (custom calls): qwen2-0.5b b8 s2048 on an H100, 2.1e11
+  FLOPs autotuned, 1.5e13 with --xla_gpu_autotune_level=0
+  (experiments/data/executed_gpu.jsonl), so no GPU figure is compared."""
+  return None if compiled.target_kind(target) == "gpu" else figure
 
 
 def settings_of(config: dict[str, Any]) -> TrainSettings:
@@ -115,7 +118,9 @@ def recheck(row: dict[str, Any]) -> dict[str, Any]:
           "collectives": compiled.compare_collectives(
               program.made(), comp["collectives"]),
           "flops": compiled.compare_flops(
-              program.dots, _comparable_flops(comp.get("flops"), target))}
+              program.dots, _comparable_cost(comp.get("flops"), target)),
+          "hbm_bytes": compiled.compare_hbm_bytes(
+              program, _comparable_cost(comp.get("bytes_accessed"), target))}
 
 
 _OOM = re.compile(r"CompileTimeHbmOom.*?temporaries \(([\d.]+)G\) exceeds "
