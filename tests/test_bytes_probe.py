@@ -1,0 +1,40 @@
+"""simulator.xla.bytes_probe and experiments.probe_bytes: one piece of a step
+compiled for one TPU chip, XLA's bytes beside the step-time model's."""
+
+import subprocess
+import sys
+
+import pytest
+
+from experiments import cli  # noqa: F401  (sets JAX_PLATFORMS first)
+from simulator.xla import bytes_probe
+
+SMALL = dict(batch=1, seq=1024, d_model=256, vocab=2048, kv_heads=2,
+             groups=2, head_dim=128)
+
+
+@pytest.mark.parametrize("piece", bytes_probe.PIECES)
+def test_a_piece_counts_the_matmuls_xla_counts(piece):
+  """Both sides count the same matmuls, each loop body once (the flash
+  loops run their blocks in a loop): the model's matmul FLOPs are XLA's
+  flops less its elementwise ops' few, and both sides count bytes."""
+  got = bytes_probe.measure(piece, "v5p-8", **SMALL)
+  assert 0.9 < got.matmul_flops / got.xla_flops <= 1.0, got
+  assert got.xla_bytes > 0 and got.matmul_bytes > 0 and got.fusion_bytes > 0
+  assert f"{piece}: XLA's bytes accessed" in got.line()
+
+
+def test_bad_pieces_and_targets_are_named():
+  with pytest.raises(ValueError, match="valid: loss, flash"):
+    bytes_probe.measure("mlp")
+  with pytest.raises(ValueError, match="GPU's"):
+    bytes_probe.measure("loss", "h100:8")
+
+
+def test_the_command_refuses_a_bad_piece_in_one_line():
+  p = subprocess.run([sys.executable, "-m", "experiments.probe_bytes",
+                      "--pieces=loss,mlp"], capture_output=True, text=True,
+                     timeout=300)
+  assert p.returncode == 2
+  assert p.stderr.strip() == ("error: --pieces=mlp: valid pieces are loss, "
+                              "flash"), p.stderr
