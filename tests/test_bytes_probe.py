@@ -38,3 +38,21 @@ def test_the_command_refuses_a_bad_piece_in_one_line():
   assert p.returncode == 2
   assert p.stderr.strip() == ("error: --pieces=mlp: valid pieces are loss, "
                               "flash"), p.stderr
+
+
+def test_a_models_dims_are_its_configs():
+  from models.registry import load_model
+  assert bytes_probe.model_shapes(load_model("llama3_1_8b")) == dict(
+      d_model=4096, vocab=128256, kv_heads=8, groups=4, head_dim=128)
+  with pytest.raises(ValueError, match="xxl_ffn has no attention heads"):
+    bytes_probe.model_shapes(load_model("xxl_ffn"))
+
+
+def test_the_command_refuses_dims_beside_a_model():
+  p = subprocess.run([sys.executable, "-m", "experiments.probe_bytes",
+                      "--model=llama3_1_8b", "--vocab=5"],
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode == 2
+  assert p.stderr.strip() == ("error: --vocab given with --model=llama3_1_8b: "
+                              "the model's config sets the dims; give one or "
+                              "the other"), p.stderr

@@ -52,6 +52,17 @@ class PieceBytes:
             f"{self.matmul_flops:.4g}, XLA's flops {self.xla_flops:.4g}")
 
 
+def model_shapes(cfg) -> dict[str, int]:
+  """The pieces' dims of a decoder config (models.config.ModelConfig)."""
+  if not cfg.n_heads or not cfg.vocab_size:
+    raise ValueError(f"model {cfg.name} has no attention heads or no "
+                     "vocabulary to probe; give the dims instead")
+  kv_heads = cfg.n_kv_heads or cfg.n_heads
+  return {"d_model": cfg.d_model, "vocab": cfg.vocab_size,
+          "kv_heads": kv_heads, "groups": cfg.n_heads // kv_heads,
+          "head_dim": cfg.head_dim or cfg.d_model // cfg.n_heads}
+
+
 def _piece(piece: str, batch: int, seq: int, d_model: int, vocab: int,
            kv_heads: int, groups: int, head_dim: int):
   """(the function differentiated, its arguments' shapes and dtypes)."""
