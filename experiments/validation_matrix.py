@@ -243,9 +243,7 @@ def _cost_line(rows: list[dict], key: str, what: str,
          f"the fusion reads each element, and the quantization compares "
          f"each moment element with the 255 midpoints of its code map "
          f"(simulator.adam8bit): gpt2 v5p-8 4x1 b16 s512 (#81) 620.4 GB "
-         f"where its AdamW twin (#0) counts 6.9 GB and the operands and "
-         f"results of its optimized module's instructions sum to 17.2 GB"
-         if codes else ""))
+         f"where its AdamW twin (#0) counts 6.9 GB" if codes else ""))
 
 
 def _across_slices(config: dict) -> bool:

@@ -640,9 +640,8 @@ def compare_hbm_bytes(program, xla_bytes: float | None
   fusion's reads and writes) vs `cost_analysis()`'s "bytes accessed",
   counted as XLA's HloCostAnalysis counts: a while loop's body once. XLA's
   figure also counts the collectives', copies' and host transfers' bytes,
-  which the model times apart, and its own fusions (what it reads through
-  a slice, a buffer it keeps in VMEM); None where the compiler gives no
-  cost analysis."""
+  which the model times apart, and follows XLA's own fusions, not the
+  model's; None where the compiler gives no cost analysis."""
   if not xla_bytes:
     return None
   s = float(sum(sum(d.hbm_bytes) for d in program.dots)
