@@ -3,16 +3,20 @@ XLA (simulator.xla.bytes_probe).
 
   python -m experiments.probe_bytes [--pieces=loss,flash] [--topology=v5p-8]
       [--batch=4 --seq=2048] [--model=NAME | --d_model=4096 --vocab=32000
-       --kv_heads=32 --groups=1 --head_dim=128]
+       --kv_heads=32 --groups=1 --head_dim=128] [--dump_dir=DIR]
 
 Compiles each piece and its gradient for one chip of a TPU topology (no TPU
 needed; seconds each on the 2-core machine) and prints XLA's bytes accessed
 beside the model's, each loop body once. Defaults: llama2_7b's shapes at 4
 sequences of 2048 tokens; --model takes a decoder's dims from its config
-(a dim flag given beside it is an error).
+(a dim flag given beside it is an error); --dump_dir keeps each piece's
+compiled modules as text under DIR/PIECE (XLA's fusions:
+*after_optimizations.txt).
 """
 
 from __future__ import annotations
+
+import os
 
 from absl import flags
 
@@ -26,6 +30,8 @@ flags.DEFINE_list("pieces", list(bytes_probe.PIECES),
 flags.DEFINE_string("topology", "v5p-8", "a TPU topology: one of its chips")
 flags.DEFINE_string("model", None, "take the dims from this decoder's config "
                     "(a preset or a config.json)")
+flags.DEFINE_string("dump_dir", None, "keep each piece's compiled modules as "
+                    "text under DIR/PIECE")
 _DIMS = (("d_model", 4096), ("vocab", 32000), ("kv_heads", 32), ("groups", 1),
          ("head_dim", 128))
 for name, default in (("batch", 4), ("seq", 2048), *_DIMS):
@@ -46,8 +52,11 @@ def main(argv) -> None:
                "model's config sets the dims; give one or the other")
     dims = bytes_probe.model_shapes(load_model(FLAGS.model))
   for piece in FLAGS.pieces:
+    dump = os.path.join(FLAGS.dump_dir, piece) if FLAGS.dump_dir else None
     print(bytes_probe.measure(piece, FLAGS.topology, FLAGS.batch, FLAGS.seq,
-                              **dims).line(), flush=True)
+                              **dims, dump_dir=dump).line(), flush=True)
+    if dump:
+      print(f"  {piece}'s modules: {dump}", flush=True)
 
 
 if __name__ == "__main__":

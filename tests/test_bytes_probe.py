@@ -56,3 +56,13 @@ def test_the_command_refuses_dims_beside_a_model():
   assert p.stderr.strip() == ("error: --vocab given with --model=llama3_1_8b: "
                               "the model's config sets the dims; give one or "
                               "the other"), p.stderr
+
+
+def test_the_compiled_modules_can_be_kept(tmp_path):
+  """--dump_dir keeps the piece's optimized module, where XLA's fusions are
+  read (the loss's logits matmul fusion makes their max too)."""
+  got = bytes_probe.measure("loss", "v5p-8", **SMALL, dump_dir=str(tmp_path))
+  assert got.xla_bytes > 0
+  optimized = list(tmp_path.glob("*after_optimizations.txt"))
+  assert optimized, sorted(p.name for p in tmp_path.iterdir())
+  assert "ENTRY" in optimized[0].read_text()

@@ -80,10 +80,12 @@ def _piece(piece: str, batch: int, seq: int, d_model: int, vocab: int,
 
 def measure(piece: str, topology: str = "v5p-8", batch: int = 4,
             seq: int = 2048, d_model: int = 4096, vocab: int = 32000,
-            kv_heads: int = 32, groups: int = 1, head_dim: int = 128
-            ) -> PieceBytes:
+            kv_heads: int = 32, groups: int = 1, head_dim: int = 128,
+            dump_dir: str | None = None) -> PieceBytes:
   """Compile `piece` and its gradient for one chip of the TPU `topology`
-  (through libtpu, no TPU needed) and count its bytes both ways."""
+  (through libtpu, no TPU needed) and count its bytes both ways; with
+  `dump_dir` the compiler's modules are written there as text (the
+  optimized one, `*after_optimizations.txt`, shows XLA's fusions)."""
   fn, shapes, differentiated = _piece(piece, batch, seq, d_model, vocab,
                                       kv_heads, groups, head_dim)
   topo = parse_topology(topology)
@@ -95,7 +97,10 @@ def measure(piece: str, topology: str = "v5p-8", batch: int = 4,
   on_chip = jax.sharding.SingleDeviceSharding(device)
   args = tuple(jax.ShapeDtypeStruct(s, d, sharding=on_chip)
                for s, d in shapes)
-  cost = jax.jit(step).lower(*args).compile().cost_analysis()
+  options = ({"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
+             if dump_dir else None)
+  cost = jax.jit(step).lower(*args).compile(
+      compiler_options=options).cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
   program = read_program(jax.make_jaxpr(step)(
       *(jax.ShapeDtypeStruct(s, d) for s, d in shapes)), len(shapes))
