@@ -499,8 +499,8 @@ def test_hbm_bytes_count_a_loop_body_once_as_cost_analysis_does():
                               jnp.ones((8, 16)))
   program = read_program(closed, 1)
   matmuls = 4 * (8 * 16 + 16 * 4 + 8 * 4) + 4 * (8 * 16 + 16 * 16 + 8 * 16)
-  assert sum(sum(d.hbm_bytes) for d in program.dots) == matmuls
-  others = sum(t.fixed + t.linear for t in program.traffic)
+  assert program.hbm_bytes_once()[0] == matmuls
+  others = program.hbm_bytes_once()[1]
   assert others >= 2 * 4 * 8 * 16  # the tanh's read and write at least
   got = compiled.compare_hbm_bytes(program, 2 * (matmuls + others))
   assert got["symbolic"] == matmuls + others

@@ -165,6 +165,12 @@ class Program:
     (`collectives` also holds those another batch or mesh would make)."""
     return [c for c in self.collectives if c.present()]
 
+  def hbm_bytes_once(self) -> tuple[int, int]:
+    """(matmuls', other fusions') HBM bytes at the traced batch, each loop
+    body once, as XLA's HloCostAnalysis counts a while loop."""
+    return (sum(sum(d.hbm_bytes) for d in self.dots),
+            sum(t.fixed + t.linear for t in self.traffic))
+
 
 def dot_result_dims(eqn) -> tuple[dict[int, int], dict[int, int]]:
   """Where a dot_general puts each operand's batch and free dims in its

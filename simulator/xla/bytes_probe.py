@@ -99,13 +99,10 @@ def measure(piece: str, topology: str = "v5p-8", batch: int = 4,
                for s, d in shapes)
   options = ({"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
              if dump_dir else None)
-  cost = jax.jit(step).lower(*args).compile(
-      compiler_options=options).cost_analysis()
+  traced = jax.jit(step).trace(*args)  # one trace: compiled and read
+  cost = traced.lower().compile(compiler_options=options).cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  program = read_program(jax.make_jaxpr(step)(
-      *(jax.ShapeDtypeStruct(s, d) for s, d in shapes)), len(shapes))
-  return PieceBytes(
-      piece, float(cost["bytes accessed"]), float(cost["flops"]),
-      sum(sum(d.hbm_bytes) for d in program.dots),
-      sum(t.fixed + t.linear for t in program.traffic),
-      sum(d.flops_per_device for d in program.dots))
+  program = read_program(traced.jaxpr, len(shapes))
+  return PieceBytes(piece, float(cost["bytes accessed"]),
+                    float(cost["flops"]), *program.hbm_bytes_once(),
+                    sum(d.flops_per_device for d in program.dots))

@@ -644,8 +644,7 @@ def compare_hbm_bytes(program, xla_bytes: float | None
   model's; None where the compiler gives no cost analysis."""
   if not xla_bytes:
     return None
-  s = float(sum(sum(d.hbm_bytes) for d in program.dots)
-            + sum(t.fixed + t.linear for t in program.traffic))
+  s = float(sum(program.hbm_bytes_once()))
   return {"symbolic": s, "xla": float(xla_bytes),
           "relative_error": (s - xla_bytes) / xla_bytes}
 
