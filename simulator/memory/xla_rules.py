@@ -370,8 +370,10 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   before the into-matmuls rule; +5.1% with it). A layer
                   body simulated in the traced order wherever the step's
                   schedule is (one schedule per module, as on a GPU)
-                  reads under XLA: re-checked on the corpus (session 48),
-                  the check part's median falls from 6.67% to 4.74% but
+                  reads under XLA: re-checked on the corpus (session 48,
+                  liveness's `_inner_order` following the step's schedule
+                  on a TPU too and `_defers_nothing` reading a body's
+                  calls; not kept), the check part's median falls from 6.67% to 4.74% but
                   20 of its 233 rows read more than 5% under, down to
                   -12.34% (mixtral_mini v5e-16 8x2 b384, #246), and
                   llama2_70b v5p-256 32x4 b1024 s4096 (#54) holds the MLP's
