@@ -274,7 +274,11 @@ def _set(values: dict, mapping, ignored, source: str, explicit_wins: bool
   """Set the flags `values` names (by an experiment's own name for them);
   print the mapping and what was ignored to stderr."""
   f = flags.FLAGS
-  lines = [f"{source}: {m}" for m in mapping]
+  known = lambda name: name in f or _PLURAL.get(name) in f
+  unused = [m.split(" -> ")[0] for m in mapping
+            if not known(m.rsplit(" -> --", 1)[-1].split("=")[0])]
+  lines = [f"{source}: {m}" for m in mapping
+           if m.split(" -> ")[0] not in unused]
   for name, value in values.items():
     flag = name if name in f else _PLURAL.get(name)
     if flag not in f:
@@ -294,6 +298,9 @@ def _set(values: dict, mapping, ignored, source: str, explicit_wins: bool
       raise ValueError(f"--{flag}={given} and --{source} (which sets "
                        f"--{flag}={value}) are both given; give one")
     f[flag].parse(value)
+  if unused:
+    lines.append(f"{source}: not used by this experiment: "
+                 + ", ".join(unused))
   if ignored:
     lines.append(f"{source}: not expressed here (ignored): "
                  + ", ".join(ignored))
@@ -315,7 +322,8 @@ def _apply_maxtext() -> None:
       raise ValueError(f"--maxtext={text}: {e.strerror or e}; give "
                        f"@FILE of key=value overrides") from None
   topology = parse_topology(f.topology)
-  run = maxtext_run(text, topology.chips, topology.hosts)
+  run = maxtext_run(text, topology.chips, topology.hosts,
+                    serving="prompt" in f)
   _set(run.flags, run.mapping, run.unexpressed, "maxtext", False)
 
 
@@ -360,25 +368,11 @@ def use_local_gpus() -> None:
     jax.config.update("jax_platforms", "cuda,cpu")
 
 
-# XLA failures with a known way round, by a phrase of their message: XLA:GPU
-# fails to tile some Triton GEMMs (the LLaVA vision tower's output
-# projection on h100:8, "Couldn't find output tile sizes"); with Triton
-# GEMMs off the same steps compile, their GEMMs in cuBLAS (README,
-# "Inference (KV cache)").
-COMPILER_WORKAROUNDS = {
-    "Couldn't find output tile sizes":
-        "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false compiles its GEMMs "
-        "with cuBLAS instead"}
-
-
 def compiler_failed(e: Exception, topology: str) -> None:
   """XLA's own failure to compile a step (a JaxRuntimeError that is no
-  out-of-memory answer), not the user's input: one line, exit 1, with the
-  way round a known failure has."""
+  out-of-memory answer), not the user's input: one line, exit 1."""
   message = str(e).splitlines()[0]
-  hint = next((f" ({way})" for phrase, way in COMPILER_WORKAROUNDS.items()
-               if phrase in message), "")
-  print(f"error: XLA could not compile the step for {topology}:{hint} "
+  print(f"error: XLA could not compile the step for {topology}: "
         f"{message[:300]}", file=sys.stderr)
   raise SystemExit(1) from None
 
@@ -430,8 +424,10 @@ def outer_size(flag: str, topology) -> int:
     raise ValueError(f"{flag}={n} must be a positive number of "
                      f"{'stages' if flag == 'pp' else 'replicas'}")
   if topology.chips % n:
+    from meshes.layout import divisors
     raise ValueError(f"{flag}={n} does not divide {topology.name}'s "
-                     f"{topology.chips} chips")
+                     f"{topology.chips} chips; valid: "
+                     f"{', '.join(map(str, divisors(topology.chips)))}")
   return n
 
 

@@ -52,6 +52,12 @@ def _rnd(x):
   return None if x is None or math.isinf(x) else x
 
 
+def _batch_shards(plan, settings) -> int:
+  """What the global batch must be a multiple of on `plan`: its data
+  shards (X, and D replicas) times the micro-batches of a step."""
+  return plan.X * plan.D * settings.grad_accum * settings.microbatches
+
+
 def main(argv):
   del argv
   f = FLAGS
@@ -102,6 +108,8 @@ def main(argv):
                  t_host_s=e.t_host, exposed_host_s=e.exposed_host, mfu=e.mfu,
                  roofline_mfu=e.roofline_mfu,
                  hfu=e.hfu)
+    row["batch_splits"] = bool(f.tokens) or (
+        settings.batch % _batch_shards(p, settings) == 0)
     meshes.append(row)
   out = dict(
       model=cfg.name, topology=topo.describe(), chips=topo.chips, dp=dp,
@@ -160,6 +168,13 @@ def main(argv):
           f"{m['step_time_s']:>10.4g} {m['mfu']:>10.3f} "
           f"{m['roofline_mfu']:>10.3f} {m['t_hbm_s']:>10.4g} "
           f"{m['t_matmul_hbm_s']:>10.4g}")
+  unsplit = [f"{m['X']}x{m['Y']}" for m in meshes
+             if "error" not in m and not m["batch_splits"]]
+  if unsplit:
+    print(f"batch {settings.batch} does not split over X on "
+          f"{', '.join(unsplit)} (each micro-batch is split over X): their "
+          f"step and MFU are those of {tokens:.0f} tokens in a batch that "
+          f"would")
   hosted = [m for m in meshes if m.get("t_host_s")]
   if hosted:
     print(f"copies between host memory and HBM (offload) over the host link, "
@@ -172,8 +187,10 @@ def main(argv):
         f" -> {fmt(oc['tokens_global'])} tokens")
   note = (" (no batch-independent traffic: compute-bound at any batch)"
           if bi["tokens_global"] == 0 else "")
-  print(f"best integer split: {bi['X']}x{bi['Y']} -> {bi['tokens_global']} "
-        f"tokens{note}")
+  print(f"best integer split: {bi['X']}x{bi['Y']} -> "
+        + (f"{bi['tokens_global']} tokens{note}" if bi["tokens_global"]
+           is not None else "none: communication binds every traced split "
+           "at any batch"))
   print(f"collectives of {out['collectives_mesh']} per step (bytes per device at "
         f"{tokens:.0f} tokens):")
   for c in out["collectives"]:

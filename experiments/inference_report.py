@@ -100,7 +100,10 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
     if comparison and name in comparison:
       c = comparison[name]
       lines.append(f"         XLA's peak {g(c['xla_peak_bytes'])}: error "
-                   f"{100 * c['peak_error']:+.2f}%")
+                   f"{100 * c['peak_error']:+.2f}%" + (
+                       f" (compiled with {c['workaround']}: XLA:GPU's Triton "
+                       "GEMM emitter found no tiling, cuBLAS GEMMs instead)"
+                       if c.get("workaround") else ""))
       coll = c["collectives"]
       if coll["hlo_bytes"] or coll["symbolic_bytes"]:
         kinds = lambda d: ", ".join(f"{k} {g(v)}" for k, v in d.items())
@@ -110,7 +113,8 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
   lines += ["", f"decode: {e.decode_tokens_per_s:,.0f} tokens/s at batch "
             f"{s.batch}; end to end {e.tokens_per_s:,.0f} generated tokens/s"
             f" ({e.total_seconds:.3f} s for prefill + {s.generate} steps)",
-            f"HBM per chip {hbm / GiB:.2f} GiB: {verdict} (peak "
+            f"{'usable by XLA' if e.plan.topology.chip.kind == 'gpu' else 'HBM'}"
+            f" per chip {hbm / GiB:.2f} GiB: {verdict} (peak "
             f"{g(e.peak_bytes)}, {g(e.planned_bytes)} with the "
             f"{inference.OVERHEAD_FRACTION:.0%} planning overhead)"]
   return "\n".join(lines)

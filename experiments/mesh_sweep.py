@@ -135,7 +135,12 @@ def spec_from_flags():
 def run_dir_for(logdir: str, name: str, resume: bool) -> str:
   from experiments.tensorboard_writer import new_run_dir
   if not resume:
-    return new_run_dir(logdir, name)
+    try:
+      return new_run_dir(logdir, name)
+    except OSError as e:  # nothing is written yet: name the flag
+      raise ValueError(f"--logdir={logdir}: {e.strerror or e} "
+                       f"({e.filename}); give a folder a run can be made "
+                       "in") from None
   found = [d for d in glob.glob(os.path.join(logdir, glob.escape(name) + "*"))
            if os.path.basename(d) == name or (
                os.path.basename(d)[len(name):len(name) + 1] == "-"

@@ -83,6 +83,11 @@ def _scheduler_lines(s: dict, c: dict) -> list[str]:
   from simulator.memory import points
   from simulator.xla import memory_scheduler
   lines = []
+  if c.get("workaround"):
+    lines.append(f"compiled with {c['workaround']}: XLA:GPU's Triton GEMM "
+                 "emitter found no tiling for a matmul of this step, so its "
+                 "GEMMs are cuBLAS's (on a GPU, XLA_FLAGS="
+                 f"{c['workaround']} does the same)")
   if c.get("scheduler"):
     lines.append(f"compiled with libtpu's {c['scheduler']} memory scheduler "
                  "(--memory_scheduler)")

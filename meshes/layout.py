@@ -162,6 +162,12 @@ def factorizations(n: int) -> list[tuple[int, int]]:
   return [(x, n // x) for x in range(1, n + 1) if n % x == 0]
 
 
+def divisors(n: int) -> list[int]:
+  """The positive divisors of n, ascending (what pp, dp and an axis's
+  degree may be on n chips)."""
+  return [x for x, _ in factorizations(n)]
+
+
 def parse_mesh(text: str) -> tuple[int, int]:
   """'16x4' -> (16, 4)."""
   match = re.fullmatch(r"\s*(-?\d+)\s*x\s*(-?\d+)\s*", text.lower())
@@ -213,9 +219,13 @@ def plan_mesh(topology: Topology, X: int, Y: int, m_x: int | None = None,
     raise ValueError(
         f"mesh {X}x{Y} has {X * Y} devices but {topology.name} has "
         f"{topology.chips} chips; valid meshes: {valid}")
+  axes = len(topology.shape)
   for name, m in (("m_x", m_x), ("m_y", m_y)):
-    if m is not None and m <= 0:
-      raise ValueError(f"{name}={m} must be a positive number of physical axes")
+    if m is not None and not 0 < m <= axes:
+      raise ValueError(
+          f"{name}={m} must be a positive number of physical axes, at most "
+          f"{topology.name}'s {axes} "
+          f"({'x'.join(map(str, topology.shape))}); choose 1 to {axes}")
   x_hosts, y_hosts = _host_split(topology, X, Y)
   shape = topology.shape
   y_local = Y // y_hosts

@@ -17,9 +17,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from models.config import FLASH_BLOCK
 
 IMPLEMENTATIONS = ("materialized", "flash")
-FLASH_BLOCK = 512
 
 
 def _scores(q, k, q_pos, k_pos, causal, scale, bias=None):

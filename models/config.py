@@ -191,3 +191,19 @@ def at_resolution(cfg: ModelConfig, image_size: int, patch_size: int
                      "language model's images")
   return dataclasses.replace(cfg, image_size=image_size or cfg.image_size,
                              patch_size=patch_size or cfg.patch_size)
+
+
+# Flash attention's query and key block (models.attention): a sequence it
+# runs over is a multiple of it, or shorter.
+FLASH_BLOCK = 512
+
+
+def patches(cfg: ModelConfig) -> int:
+  """Patches per image: (image_size / patch_size)^2 (the class token not
+  counted: LLaVA drops it)."""
+  return (cfg.image_size // cfg.patch_size) ** 2
+
+
+def image_tokens(cfg: ModelConfig, images: int) -> int:
+  """The tokens `images` images add to each sequence the LM sees."""
+  return images * patches(cfg) if cfg.vision else 0

@@ -94,6 +94,12 @@ _DIMS = {"base_emb_dim": "d_model", "base_num_query_heads": "n_heads",
          "base_num_decoder_layers": "n_layers", "head_dim": "head_dim",
          "vocab_size": "vocab_size"}
 _OPTIMIZERS = {"adamw": "adamw", "adam_pax": "adamw", "sgd": "sgd"}
+# A serving run's keys (MaxText's decode.py and MaxEngine): the prompt's
+# static length (prefill), the cache's whole length (prompt and generated
+# tokens), the int8 KV cache; their defaults are MaxText's base.yml's
+# (max_prefill_predict_length 64, quantize_kvcache false, kv_quant_dtype
+# int8).
+_SERVING = {"max_prefill_predict_length", "quantize_kvcache", "kv_quant_dtype"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,25 +236,34 @@ def _axes(o: dict, tier: str, defaults: dict, devices: int) -> dict:
         f"{tier}_{k}_parallelism=-1" for k in rest) + ": one of them may be "
         "-1 (the rest), not more")
   known = math.prod(v for v in axes.values() if v != -1)
+  what = f"{devices} " + ("chips (a slice's)" if tier == "ici" else "slices")
+  if rest and (known <= 0 or devices % known):
+    given = " x ".join(f"{tier}_{k}_parallelism={v}" for k, v in axes.items()
+                       if v not in (1, -1))
+    divisors = ", ".join(str(d) for d in range(1, devices + 1)
+                         if devices % d == 0)
+    raise ValueError(f"MaxText {given} does not divide {what}, so "
+                     f"{tier}_{rest[0]}_parallelism=-1 has no value; give "
+                     f"degrees whose product divides {devices}: {divisors}")
   if rest:
-    axes[rest[0]] = devices // known if known and devices % known == 0 else 0
+    axes[rest[0]] = devices // known
   if math.prod(axes.values()) != devices:
     given = " x ".join(f"{tier}_{k}_parallelism={v}" for k, v in axes.items()
                        if v != 1)
-    what = "chips" if tier == "ici" else "slices"
     raise ValueError(f"MaxText {given or f'{tier} parallelism 1'} is not "
-                     f"{devices} {what}" + (" (a slice's)" if tier == "ici"
-                                             else ""))
+                     f"{what}; give degrees whose product is {devices}")
   return axes
 
 
-def maxtext_run(text: str, chips: int, slices: int = 1) -> MaxTextRun:
+def maxtext_run(text: str, chips: int, slices: int = 1,
+                serving: bool = False) -> MaxTextRun:
   """The flags for a MaxText run on `chips` chips in `slices` slices (TPU
   multi-slice; GPU nodes): the ici_* parallelisms multiply to a slice's
   chips, the dcn_* ones to the slices. MaxText's `data` axis (ici and dcn
   data parallelism) is --dp, replicas the batch is split over with X and
   the weights are not; fsdp (and fsdp_transpose, dcn_fsdp) is X, tensor
-  Y."""
+  Y. With `serving`, a decode run's lengths and KV cache (`_SERVING`) are
+  --prompt, --generate and --kv_dtype instead of a training --seq."""
   o = parse_overrides(text)
   flags: dict[str, str] = {}
   mapping: list[str] = []
@@ -258,12 +273,20 @@ def maxtext_run(text: str, chips: int, slices: int = 1) -> MaxTextRun:
     mapping.append(f"{why} -> --{flag}={value}")
 
   name, why, cfg = _model(o)
+  if _config(name, cfg) is None:
+    from models.registry import load_model  # registry imports this module
+    load_model(name)  # an unknown name: ValueError, with the valid ones
   put("model", name, why)
   per_device = _int(o, "per_device_batch_size", 12)
   put("batch", per_device * chips,
       f"per_device_batch_size={per_device} ({per_device} x {chips} chips)")
-  put("seq", _int(o, "max_target_length", 2048),
-      f"max_target_length={o.get('max_target_length', '2048 (default)')}")
+  target = _int(o, "max_target_length", 2048)
+  given_target = (f"max_target_length="
+                  f"{o.get('max_target_length', '2048 (default)')}")
+  if serving:
+    _serving(o, target, given_target, put)
+  else:
+    put("seq", target, given_target)
   ici = _axes(o, "ici", {"data": 1, "fsdp": -1, "fsdp_transpose": 1,
                          "tensor": 1}, chips // slices)
   if _int(o, "dcn_tensor_parallelism", 1) != 1:
@@ -328,6 +351,29 @@ def maxtext_run(text: str, chips: int, slices: int = 1) -> MaxTextRun:
       if o.get(key, "true").lower() != "false":
         unexpressed.append(f"{key}={o.get(key, 'true (default)')}")
   for key, value in o.items():
-    if key not in _BOOKKEEPING and key not in _READ and key not in _DIMS:
+    if key not in _BOOKKEEPING and key not in _READ and key not in _DIMS and (
+        not serving or key not in _SERVING):
       unexpressed.append(f"{key}={value}")
   return MaxTextRun(flags, tuple(mapping), tuple(unexpressed))
+
+
+def _serving(o: dict, target: int, given_target: str, put) -> None:
+  """A decode run's --prompt, --generate and --kv_dtype: the prompt is
+  max_prefill_predict_length, the cache max_target_length long (MaxText's
+  decode state), so max_target_length - prompt tokens are generated."""
+  prompt = _int(o, "max_prefill_predict_length", 64)
+  if not 0 < prompt < target:
+    raise ValueError(f"MaxText max_prefill_predict_length={prompt} with "
+                     f"{given_target}: the prompt must be positive and "
+                     "shorter than max_target_length (the cache's length, "
+                     "prompt and generated tokens)")
+  put("prompt", prompt, "max_prefill_predict_length="
+      + o.get("max_prefill_predict_length", "64 (default)"))
+  put("generate", target - prompt, f"{given_target} (the cache: {prompt} "
+      f"prompt + {target - prompt} generated)")
+  quantized = o.get("quantize_kvcache", "false").lower() == "true"
+  kind = o.get("kv_quant_dtype", "int8")
+  if quantized and kind != "int8":
+    raise ValueError(f"MaxText kv_quant_dtype={kind!r}; valid here: int8")
+  put("kv_dtype", "int8" if quantized else "bf16",
+      f"quantize_kvcache={o.get('quantize_kvcache', 'false (default)')}")

@@ -36,22 +36,11 @@ import jax
 import jax.numpy as jnp
 
 from models import decode, scopes
-from models.config import ModelConfig
+from models.config import ModelConfig, image_tokens
 from models.layers import Dense, Mlp, Norm, activation, weight
 from models.rules import FSDP_TP, AxisRules, data_parallel_rules
 from models.transformer import (GATHERED, RESIDUAL, Attention, Decoder,
                                 _reshape, scanned)
-
-
-def patches(cfg: ModelConfig) -> int:
-  """Patches per image: (image_size / patch_size)^2 (the class token not
-  counted: LLaVA drops it)."""
-  return (cfg.image_size // cfg.patch_size) ** 2
-
-
-def image_tokens(cfg: ModelConfig, images: int) -> int:
-  """The tokens `images` images add to each sequence the LM sees."""
-  return images * patches(cfg) if cfg.vision else 0
 
 
 def tokens_line(cfg: ModelConfig, seq: int, images: int, trained: bool,

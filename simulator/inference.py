@@ -19,7 +19,9 @@ Memory per device (bytes):
             training step is (`probe_serve`), the rules whose choice turns on
             the batch deciding at its own (`batch_scale`);
   fits      the larger peak plus the planning overhead
-            (simulator.memory.OVERHEAD_FRACTION) within the chip's HBM.
+            (simulator.memory.OVERHEAD_FRACTION) within what the steps
+            may use (simulator.memory.capacity: the chip's HBM on a TPU,
+            JAX's allocator pool on a GPU).
 
 Time per device, a roofline (the TPU Scaling Book's inference chapter): a
 decode step reads every weight its program reads (an encoder-decoder's, no
@@ -58,8 +60,8 @@ from models.config import ModelConfig
 from models.registry import load_model
 from simulator.xla import compiled as compiled_lib
 from simulator.xla import hlo_collectives
-from simulator.memory import (OVERHEAD_FRACTION, liveness, tpu_tiled_bytes,
-                              xla_gpu_rules)
+from simulator.memory import (OVERHEAD_FRACTION, capacity, liveness,
+                              tpu_tiled_bytes, xla_gpu_rules)
 from simulator.memory.estimate import Contributor
 from simulator.timing.comms import collective_time
 from simulator.tracing.batch_probe import PROBE, bytes_at, rescale
@@ -116,7 +118,9 @@ class InferenceEstimate:
   kv_cache_bytes: int  # per device, full length, untiled
   kv_heads_replicated: bool
   phases: dict[str, PhaseEstimate]
-  hbm_bytes: int  # the chip's
+  # What the steps' buffers may use (simulator.memory.capacity): the chip's
+  # HBM on a TPU, JAX's allocator pool on a GPU, as `fits` in training.
+  hbm_bytes: int
 
   @property
   def peak_bytes(self) -> int:
@@ -248,7 +252,7 @@ def inference_report(cfg: ModelConfig, serve: ServeSettings,
                           plan, cache) for phase in PHASES}
   return InferenceEstimate(cfg.name, serve, plan, weights, cache,
                            kv_heads_replicated(cfg, plan.Y), phases,
-                           plan.topology.chip.hbm_bytes)
+                           capacity.capacity_bytes(plan))
 
 
 def compile_serve(cfg: ModelConfig, serve: ServeSettings, target: str, X: int,
@@ -271,7 +275,8 @@ def compile_serve(cfg: ModelConfig, serve: ServeSettings, target: str, X: int,
                       compiled_lib.layout_argument_bytes(c),
                   "peak_buffers": [dataclasses.asdict(b) for b in
                                    c.xla_peak.buffers[:PEAK_BUFFERS]]
-                  if c.xla_peak else []}
+                  if c.xla_peak else [],
+                  **({"workaround": c.workaround} if c.workaround else {})}
   return out
 
 
@@ -292,7 +297,8 @@ def compare(estimate: InferenceEstimate,
                   "argument_error": rel(p.arguments_bytes,
                                         comp["argument_bytes"]),
                   "collectives": compiled_lib.compare_collectives(
-                      p.collectives, comp.get("collectives", {}))}
+                      p.collectives, comp.get("collectives", {})),
+                  "workaround": comp.get("workaround", "")}
   return out
 
 

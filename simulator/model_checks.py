@@ -5,7 +5,8 @@ cache checks its flags without importing jax (simulator.search)."""
 
 from __future__ import annotations
 
-from models.config import ModelConfig, at_resolution
+from models.config import (FLASH_BLOCK, ModelConfig, at_resolution,
+                           image_tokens)
 from simulator.settings import TrainSettings
 
 
@@ -77,6 +78,32 @@ def check_seq(cfg: ModelConfig, settings: TrainSettings) -> None:
     raise ValueError(f"seq={settings.seq} exceeds {cfg.name}'s "
                      f"{cfg.max_len} learned positions; choose seq <= "
                      f"{cfg.max_len}")
+  check_flash_length(cfg, settings.attention, settings.seq, settings.images,
+                     "seq")
+
+
+def check_flash_length(cfg: ModelConfig, attention: str, text: int,
+                       images: int, flag: str) -> None:
+  """A one-line ValueError where flash attention would run over a
+  vision-language model's sequence (its image tokens and `text` tokens,
+  given by --`flag`) that is no multiple of its block: the text lengths
+  that would make one, nearest below and above."""
+  if attention != "flash" or not cfg.vision:
+    return
+  n = image_tokens(cfg, images)
+  total = n + text
+  block = min(FLASH_BLOCK, total)
+  if total % block == 0:
+    return
+  fits = [k * block - n for k in range(n // block + 1, total // block + 3)
+          if k * block > n]
+  near = ([t for t in fits if t < text][-1:] + [t for t in fits if t > text]
+          )[:2]
+  raise ValueError(
+      f"{flag}={text}: flash attention runs over the LM's sequence, {n} "
+      f"image tokens + {text} = {total}, which is not a multiple of its "
+      f"block size {block}; choose {flag}="
+      f"{' or '.join(map(str, near))} or --attention=materialized")
 
 
 def check_model_settings(cfg: ModelConfig, settings: TrainSettings) -> None:

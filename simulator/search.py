@@ -31,8 +31,8 @@ import time
 from typing import Any, Iterable, Iterator
 
 from meshes.hardware import GiB
-from meshes.layout import (MeshPlan, abstract_mesh, mesh_name, mesh_shapes,
-                           plan_mesh)
+from meshes.layout import (MeshPlan, abstract_mesh, divisors, mesh_name,
+                           mesh_shapes, plan_mesh)
 from meshes.topology import Topology, parse_topology
 from models.config import ModelConfig
 from models.registry import load_model
@@ -136,7 +136,8 @@ class SweepSpec:
       for p in values:
         if not isinstance(p, int) or p <= 0 or topo.chips % p:
           raise ValueError(f"{name} {p!r} must be a positive divisor of "
-                           f"{topo.name}'s {topo.chips} chips")
+                           f"{topo.name}'s {topo.chips} chips: "
+                           f"{', '.join(map(str, divisors(topo.chips)))}")
     multiple = self.whole_micro_batches
     for r in self.remats:
       for s in self.shards:

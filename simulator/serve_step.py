@@ -41,10 +41,10 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from models import decode
-from models.config import ModelConfig, at_resolution
+from models.config import ModelConfig, at_resolution, image_tokens
 from models.params import abstract_params, module_class
 from models.rules import FSDP_TP, AxisRules, rules_for
-from models.vision import image_tokens
+from simulator.model_checks import PlanError, check_flash_length
 from simulator.settings import ServeSettings
 from simulator.step import (check_divisible, lay_out_params, mesh_rules,
                             pad_vocab)
@@ -122,6 +122,8 @@ def check_serve(cfg: ModelConfig, serve: ServeSettings) -> None:
         f"prompt + generate = {serve.prompt} + {serve.generate} = "
         f"{serve.length} exceeds {cfg.name}'s {cfg.max_len} learned "
         f"positions; choose prompt + generate <= {cfg.max_len}")
+  check_flash_length(cfg, serve.attention, serve.prompt, serve.images,
+                     "prompt")
 
 
 def _sds(shape, dtype, mesh, spec) -> jax.ShapeDtypeStruct:
@@ -156,6 +158,11 @@ def build_serve_steps(cfg: ModelConfig, serve: ServeSettings, mesh,
   """The prefill and decode steps for `mesh` (abstract or real)."""
   cfg = serve_config(cfg, serve)
   check_serve(cfg, serve)
+  x = dict(mesh.shape).get("X", 1)
+  if serve.batch % x:
+    raise PlanError(f"batch={serve.batch} must be a positive multiple of "
+                     f"{x} (the sequences and their KV cache are split over "
+                     f"X={x})")
   rules = serve_rules(cfg, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = module_class(cfg)(cfg, rules=rules, attention=serve.attention,

@@ -50,7 +50,7 @@ def test_by_default_the_seeds_reduce_scatter_is_libtpus_windowed_loop():
 
 def test_bad_flags_exit_2_one_line():
   for args in (["--mesh=5x5"], ["--model=nope"], ["--pass=sideways"],
-               ["--flops_per_chip=-1"], ["--m_x=0", "--mesh=16x4"],
+               ["--flops_per_chip=-1"], ["--m_x=0", "--mesh=16x4"], ["--m_x=5", "--mesh=16x4"], ["--ici_link_bandwidth=-1"],
                ["--tokens=0"], ["--dp=3"], ["--dp=2", "--mesh=64x1"]):
     r = _run(*args)
     assert r.returncode == 2, (args, r.stderr)
@@ -69,3 +69,21 @@ def test_replicas_sum_their_gradients_over_dcn():
   assert {(m["X"], m["Y"]) for m in out["meshes"]} >= {(16, 1), (8, 2)}
   over_d = [c for c in out["collectives"] if c["axis"] == "D"]
   assert over_d and {c["kind"] for c in over_d} == {"all-reduce"}
+
+
+def test_meshes_the_batch_does_not_split_over_are_named():
+  """The step and MFU columns are at the batch's tokens; where X (times
+  the micro-batches) does not divide the batch, the report says so for
+  those meshes, not for the others."""
+  r = _run("--model=tiny", "--topology=v5p-16", "--batch=3", "--seq=64",
+           "--format=json")
+  assert r.returncode == 0, r.stderr
+  splits = {(m["X"], m["Y"]): m["batch_splits"]
+            for m in json.loads(r.stdout)["meshes"] if "error" not in m}
+  assert splits == {(4, 2): False, (8, 1): False}  # 1x8, 2x4: Y over 2 heads
+  r = _run("--model=tiny", "--topology=v5p-16", "--batch=8", "--seq=64",
+           "--format=json")
+  assert all(m["batch_splits"] for m in json.loads(r.stdout)["meshes"]
+             if "error" not in m)
+  text = _run("--model=tiny", "--topology=v5p-16", "--batch=3", "--seq=64")
+  assert "batch 3 does not split over X on 4x2, 8x1 (" in text.stdout

@@ -206,3 +206,26 @@ def test_kept_gpu_compiles_within_the_memory_targets():
   assert min(tuned + held) >= -0.05, (tuned, held)
   assert statistics.median(map(abs, held)) <= 0.03
   assert max(tuned + held) <= 0.17
+
+
+def test_fits_on_a_gpu_holds_the_allocator_pool():
+  """On a GPU the serving steps' buffers live in JAX's allocator pool, as a
+  training step's (simulator.memory.capacity), not the whole device (an
+  H100's 80 GiB, which the report held serving plans against before)."""
+  from simulator.memory import capacity
+  plan = plan_mesh(parse_topology("h100:8"), 8, 1)
+  e = inference.inference_report(load_model("tiny"),
+                                 ServeSettings(8, 128, 64, "bf16"), plan)
+  assert e.hbm_bytes == capacity.capacity_bytes(plan)
+  assert e.hbm_bytes < 0.76 * plan.topology.chip.hbm_bytes
+  assert e.fits
+
+
+def test_a_batch_x_does_not_split_is_refused_by_name():
+  """The sequences and their cache are split over X: a batch X does not
+  divide is the user's --batch, said as such (not a cache tensor's dim)."""
+  plan = plan_mesh(parse_topology("v5p-8"), 4, 1)
+  with pytest.raises(ValueError, match=r"^batch=6 must be a positive "
+                     r"multiple of 4 \(the sequences and their KV cache"):
+    inference.inference_report(load_model("tiny"),
+                               ServeSettings(6, 16, 8, "bf16"), plan)

@@ -71,8 +71,8 @@ def test_a_gpu_plan_is_simulated_with_xla_gpus_rules():
 @pytest.mark.parametrize("flags,message", [
     (dict(kv_dtype="fp8"), "error: flag --kv_dtype=fp8: value should be one "
      "of"),
-    (dict(batch=6, mesh="4x1"), "error: kv cache k (2, 6, 24, 2, 16): "
-     "dimension 6 is sharded over X=4, which does not divide it"),
+    (dict(batch=6, mesh="4x1"), "error: batch=6 must be a positive multiple "
+     "of 4 (the sequences and their KV cache are split over X=4)"),
     (dict(prompt=0), "error: prompt=0 must be a positive integer"),
     (dict(keep="kept.jsonl"), "error: --keep='kept.jsonl' keeps compiled "
      "steps; add --compile"),
@@ -131,3 +131,21 @@ def test_a_compiled_plan_is_kept_as_a_row(tmp_path):
   missing = _run("--compile", **{**flags, "keep": str(tmp_path / "no" / "f")})
   assert missing.returncode == 2 and "no folder" in missing.stderr
   assert "Traceback" not in missing.stderr
+
+
+def test_a_maxtext_serving_run_sets_the_lengths_it_names():
+  """--maxtext on the serving report: MaxText's prefill length and cache
+  length become --prompt and --generate (not a training --seq), and what
+  this experiment has no flag for is named as unused."""
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.inference_report",
+       "--topology=v5p-8", "--format=json", "--maxtext=model_name=tiny "
+       "per_device_batch_size=2 max_prefill_predict_length=96 "
+       "max_target_length=160"], cwd=ROOT,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+      text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  serve = json.loads(out.stdout)["serve"]
+  assert (serve["batch"], serve["prompt"], serve["generate"]) == (8, 96, 64)
+  assert "-> --prompt=96" in out.stderr
+  assert "not used by this experiment: remat_policy=full" in out.stderr

@@ -143,6 +143,10 @@ def test_the_data_axis_is_replicas_and_fsdp_is_x(text, slices, mesh, dp):
 
 @pytest.mark.parametrize("text,match", [
     ("ici_fsdp_parallelism=8 ici_tensor_parallelism=4", "is not 64 chips"),
+    ("ici_tensor_parallelism=3", "ici_tensor_parallelism=3 does not divide "
+     "64 chips .a slice's., so ici_fsdp_parallelism=-1 has no value; give "
+     "degrees whose product divides 64: 1, 2, 4, 8, 16, 32, 64"),
+    ("model_name=gpt4", "unknown model 'gpt4'; valid: gpt2"),
     ("dcn_tensor_parallelism=2", "dcn_tensor_parallelism=2: tensor "
      "parallelism runs inside a slice"),
     ("dcn_data_parallelism=3", "dcn_data_parallelism=3 is not 1 slices"),
@@ -162,6 +166,30 @@ def test_the_data_axis_is_replicas_and_fsdp_is_x(text, slices, mesh, dp):
 def test_bad_overrides_say_what_is_wrong(text, match):
   with pytest.raises(ValueError, match=match):
     maxtext.maxtext_run(text, chips=64)
+
+
+def test_a_serving_run_maps_its_lengths_and_cache():
+  """MaxText's decode run: the prompt is max_prefill_predict_length, the
+  cache max_target_length long (the rest generated), quantize_kvcache the
+  int8 cache; training's --seq is not set, and a prompt as long as the
+  cache is refused."""
+  run = maxtext.maxtext_run(
+      "model_name=llama2-7b per_device_batch_size=4 max_target_length=2048 "
+      "max_prefill_predict_length=1024 quantize_kvcache=true", chips=4,
+      serving=True)
+  assert {k: run.flags[k] for k in ("batch", "prompt", "generate",
+                                    "kv_dtype")} == {
+      "batch": "16", "prompt": "1024", "generate": "1024", "kv_dtype": "int8"}
+  assert "seq" not in run.flags and not run.unexpressed
+  assert maxtext.maxtext_run("model_name=llama2-7b", chips=4, serving=True
+                             ).flags["prompt"] == "64"  # base.yml's default
+  trained = maxtext.maxtext_run("model_name=llama2-7b quantize_kvcache=true",
+                                chips=4)
+  assert trained.unexpressed == ("quantize_kvcache=true",)
+  with pytest.raises(ValueError, match="max_prefill_predict_length=2048 with "
+                     "max_target_length=2048 .default.: the prompt must be"):
+    maxtext.maxtext_run("model_name=llama2-7b max_prefill_predict_length=2048",
+                        chips=4, serving=True)
 
 
 def _memory_report(*args):

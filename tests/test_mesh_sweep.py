@@ -324,3 +324,13 @@ def test_confirmations_on_a_local_ray_instance(tmp_path):
   assert "on the Ray cluster (1 CPUs)" in out.getvalue()
   confirmed = [r for r in run.ranked if "compiled_peak_bytes" in r]
   assert len(confirmed) == 1 and confirmed[0]["compiled_peak_bytes"] > 0
+
+
+def test_a_logdir_no_run_can_be_made_in_names_the_flag(tmp_path):
+  """A --logdir under a file: a one-line error naming the flag, before
+  anything is written."""
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  with pytest.raises(ValueError, match=r"--logdir=.*/file/runs: Not a "
+                     r"directory .*; give a folder a run can be made in"):
+    mesh_sweep.run_dir_for(str(blocker / "runs"), "t", resume=False)

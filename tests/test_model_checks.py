@@ -75,3 +75,19 @@ def test_importing_the_checks_imports_no_jax():
   out = subprocess.run([sys.executable, "-c", probe], capture_output=True,
                        text=True, timeout=60, check=True).stdout
   assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("seq,valid", [(256, "448 or 960"),
+                                       (512, "448 or 960"),
+                                       (1024, "960 or 1472")])
+def test_flash_over_image_tokens_names_the_text_lengths_that_fit(seq, valid):
+  """llava_1_5_7b's 576 image tokens go before the text, so flash
+  attention's 512 block needs seq = 512k - 576: the error names the text
+  lengths (not the LM's totals) nearest below and above; those pass."""
+  cfg = load_model("llava_1_5_7b")
+  with pytest.raises(ValueError, match=f"choose seq={valid} or --attention"):
+    check_seq(cfg, _settings(seq=seq, attention="flash"))
+  for ok in map(int, valid.split(" or ")):
+    check_seq(cfg, _settings(seq=ok, attention="flash"))
+  check_seq(cfg, _settings(seq=seq, attention="materialized"))
+  check_seq(load_model("tiny"), _settings(seq=seq, attention="flash"))

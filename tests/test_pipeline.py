@@ -156,7 +156,7 @@ def _refused(args: list[str]) -> tuple[int, str]:
      "error: microbatches=2, schedule=gpipe: these schedule pipeline stages;"
      " give pp > 1 (or grad_accum for micro-batches without stages)"),
     (["--model=gpt2", "--topology=v5p-8", "--mesh=4x1", "--pp=3"],
-     "error: pp=3 does not divide v5p-8's 4 chips"),
+     "error: pp=3 does not divide v5p-8's 4 chips; valid: 1, 2, 4"),
 ])
 def test_bad_pipeline_plans_are_one_line_errors(args, message):
   assert _refused(args) == (2, message)

@@ -110,7 +110,7 @@ def _jaxpr(step, mesh):
 
 @pytest.mark.parametrize("model,serve,error,message", [
     ("tiny", dict(batch=6, prompt=8, generate=8), PlanError,
-     "sharded over X=4, which does not divide it"),
+     "batch=6 must be a positive multiple of 4 \\(the sequences"),
     ("gpt2", dict(batch=4, prompt=1000, generate=100), ValueError,
      "1000 \\+ 100 = 1100 exceeds gpt2's 1024 learned positions"),
     ("xxl_ffn", {}, ValueError, "no KV cache"),  # no attention

@@ -99,10 +99,10 @@ class Hardware:
   def for_plan(cls, plan: MeshPlan, flops_per_chip=None, link_bandwidth=None,
                ring="book", wraparound=None) -> "Hardware":
     chip = plan.topology.chip
-    for name, v in (("flops_per_chip", flops_per_chip),
-                    ("link_bandwidth", link_bandwidth)):
+    for name, v, unit in (("flops_per_chip", flops_per_chip, "FLOP/s"),
+                          ("ici_link_bandwidth", link_bandwidth, "bytes/s")):
       if v is not None and not v > 0:
-        raise ValueError(f"{name}={v} must be positive")
+        raise ValueError(f"{name}={v} must be positive ({unit})")
     return cls(flops_per_chip or chip.bf16_flops,
                link_bandwidth or chip.ici_link_bandwidth, ring, wraparound,
                chip.measured_hbm_bandwidth or chip.hbm_bandwidth,

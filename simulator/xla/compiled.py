@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -169,6 +170,7 @@ class CompiledReport:
   # TPU: each of its three schedules' heap replayed (`replayed_schedules`)
   replayed_schedules: dict = dataclasses.field(default_factory=dict)
   scheduler: str = "default"  # the memory scheduler libtpu was told to run
+  workaround: str = ""  # compiler options XLA needed (`CUBLAS_GEMMS`)
 
   def collective_summary(self) -> dict[str, dict[str, int]]:
     return hlo_collectives.summarize(self.collectives)
@@ -205,6 +207,21 @@ class Compiled:
   memory_scheduler: dict = dataclasses.field(default_factory=dict)
   replayed_schedules: dict = dataclasses.field(default_factory=dict)
   scheduler: str = "default"
+  workaround: str = ""  # a compiler option XLA needed (`CUBLAS_GEMMS`)
+
+
+# XLA:GPU's Triton GEMM emitter finds no tiling for some matmuls (LLaVA's
+# vision tower output projection on h100:8 and a100:8, bf16[1028,512] and
+# larger: "Couldn't find output tile sizes"); with Triton GEMMs off the same
+# step compiles, its GEMMs in cuBLAS, as a run on the GPU would need too
+# (the GPU corpus's #39, #99, #100, #107, #108, #154).
+TRITON_TILING_FAILURE = "Couldn't find output tile sizes"
+CUBLAS_GEMMS = {"xla_gpu_enable_triton_gemm": False}
+
+
+def workaround_label(options: dict) -> str:
+  """The options as XLA_FLAGS would spell them."""
+  return " ".join(f"--{k}={str(v).lower()}" for k, v in options.items())
 
 
 def compile_step(cfg: ModelConfig, settings: TrainSettings, mesh,
@@ -252,16 +269,21 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
     lowered = traced.lower()
     module = module_name(lowered)
     say(f"{label}lowered in {time.perf_counter() - t0:.1f} s; compiling ...")
+    extra: dict = {}
     try:
-      with (memory_scheduler.stderr_logged()
-            if platform == "gpu" and memory_scheduler.gpu_log_requested()
-            else memory_scheduler.logged()) as scheduler_log:
-        compiled = lowered.compile(
-            compiler_options={"xla_dump_to": dump,
-                              "xla_dump_hlo_as_text": True,
-                              "xla_dump_hlo_pass_re": dump_passes,
-                              **memory_scheduler.compiler_options(scheduler)}
-            if dumps else None)
+      try:
+        compiled, scheduler_log = _compile(lowered, platform, dump,
+                                           dump_passes, scheduler, dumps)
+      except Exception as e:
+        if platform != "gpu" or TRITON_TILING_FAILURE not in str(e):
+          raise
+        extra = CUBLAS_GEMMS
+        say(f"{label}XLA:GPU's Triton GEMM emitter found no tiling; "
+            f"compiling again with {workaround_label(extra)} (cuBLAS GEMMs)")
+        dump = os.path.join(dump, "cublas_gemms")
+        compiled, scheduler_log = _compile(lowered, platform, dump,
+                                           dump_passes, scheduler, dumps,
+                                           extra)
     except Exception as e:
       # libtpu refusing a plan for HBM still dumps the module's buffer
       # assignment and live ranges: what it held at its peak goes with
@@ -277,7 +299,23 @@ def compile_fn(step, fn: Callable, args: tuple, donate: tuple[int, ...], mesh,
     replayed = replayed_schedules(dump) if platform == "tpu" else {}
   say(f"{label}compiled in {seconds:.1f} s")
   return Compiled(step, mesh, compiled, seconds, reads, hlo_text, peak,
-                  program, scheduler_log, replayed, scheduler)
+                  program, scheduler_log, replayed, scheduler,
+                  workaround_label(extra))
+
+
+def _compile(lowered, platform: str, dump: str, dump_passes: str,
+             scheduler: str, dumps: bool, extra: dict | None = None):
+  """(the compiled step, XLA's memory-scheduler log) with the dumps in
+  `dump` and the compiler options `extra`."""
+  with (memory_scheduler.stderr_logged()
+        if platform == "gpu" and memory_scheduler.gpu_log_requested()
+        else memory_scheduler.logged()) as scheduler_log:
+    options = ({"xla_dump_to": dump, "xla_dump_hlo_as_text": True,
+                "xla_dump_hlo_pass_re": dump_passes,
+                **memory_scheduler.compiler_options(scheduler)}
+               if dumps else {})
+    options.update(extra or {})
+    return lowered.compile(compiler_options=options or None), scheduler_log
 
 
 def replayed_schedules(dump: str) -> dict[str, int]:
@@ -417,7 +455,8 @@ def report(c: Compiled, target: str) -> CompiledReport:
       layout_argument_bytes=layout_argument_bytes(c), collectives=colls,
       trip_counts_known=known, xla_peak=c.xla_peak, program=c.program,
       memory_scheduler=c.memory_scheduler,
-      replayed_schedules=c.replayed_schedules, scheduler=c.scheduler)
+      replayed_schedules=c.replayed_schedules, scheduler=c.scheduler,
+      workaround=c.workaround)
 
 
 def compile_report(cfg: ModelConfig, settings: TrainSettings, target: str,
@@ -592,6 +631,8 @@ def compiled_side(rep: CompiledReport) -> dict[str, Any]:
     comp["replayed_schedules"] = rep.replayed_schedules
   if rep.scheduler != "default":
     comp["scheduler"] = rep.scheduler
+  if rep.workaround:
+    comp["workaround"] = rep.workaround
   if rep.measured:
     comp["measured"] = rep.measured
   return comp
