@@ -239,7 +239,17 @@ def define_adapter_flags() -> None:
 def train_settings() -> S.TrainSettings:
   """The run settings the parsed flags name (flags are named as its fields)."""
   f = flags.FLAGS
+  check_lora_flags()
   return S.settings_from({name: f[name].value for name in f})
+
+
+def check_lora_flags() -> None:
+  """--lora_targets given without --lora_rank: a ValueError (the targets
+  would be dropped silently, the run a full fine-tuning)."""
+  f = flags.FLAGS
+  if "lora_targets" in f and f["lora_targets"].present and not f.lora_rank:
+    raise ValueError(f"lora_targets={','.join(f.lora_targets)} without "
+                     "lora_rank: adapters need a rank; give lora_rank > 0")
 
 
 def fail(message: str) -> None:
@@ -334,7 +344,11 @@ def _apply_config() -> None:
   from simulator.config_files import read_config
   f = flags.FLAGS
   mesh = f.mesh if "mesh" in f else None
-  devices = parse_mesh(mesh)[0] if mesh else parse_topology(f.topology).chips
+  # The data-parallel devices a micro-batch is split over: X times the
+  # replicas (--dp), or every chip with no mesh given.
+  replicas = f.dp if "dp" in f else 1
+  devices = (parse_mesh(mesh)[0] * replicas if mesh
+             else parse_topology(f.topology).chips)
   run = read_config(f.config, devices)
   print(f"config: {f.config} read as a {run.kind}", file=sys.stderr)
   _set(run.flags, run.mapping, run.ignored, "config", True)
@@ -349,6 +363,11 @@ def _parse(argv: list[str]) -> list[str]:
   except flags.Error as e:
     fail(str(e).splitlines()[0])
   try:
+    given = [name for name in ("maxtext", "config")
+             if name in flags.FLAGS and flags.FLAGS[name].value]
+    if len(given) == 2:
+      raise ValueError(f"--maxtext and --config={flags.FLAGS.config} both "
+                       "describe the run; give one")
     if "maxtext" in flags.FLAGS and flags.FLAGS.maxtext:
       _apply_maxtext()
     if "config" in flags.FLAGS and flags.FLAGS.config:

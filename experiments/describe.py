@@ -39,7 +39,12 @@ def main(argv):
   from simulator.inventory import describe_params
   from simulator.settings import TrainSettings
   cfg, plan = cli.model_and_plan()
-  settings = TrainSettings(shard=FLAGS.shard, precision=FLAGS.precision,
+  cli.check_lora_flags()
+  # The parameters do not turn on the sequence or its attention kernel:
+  # materialized attention takes any length (flash would refuse a
+  # vision-language model's image tokens plus the default seq).
+  settings = TrainSettings(attention="materialized",
+                           shard=FLAGS.shard, precision=FLAGS.precision,
                            optimizer=FLAGS.optimizer,
                            lora_rank=FLAGS.lora_rank,
                            lora_targets=tuple(FLAGS.lora_targets),

@@ -113,8 +113,10 @@ def render(estimate: memory.MemoryEstimate, header: str,
   lines = [header, "", "the step's tensors          GiB   % HBM"]
   lines += [_row(c, pd[c], hbm) for c in ("params", "grads", "optimizer",
                                           "activations")]
-  lines += ["  (activations: what the backward keeps, and the batch; "
-            f"offloaded to host: {estimate.host_bytes / GiB:.3f} GiB)", "",
+  lines += ["  (activations: what the backward keeps, and the batch)"
+            + (f"; in host memory, not HBM (--offload, offloaded residuals): "
+               f"{estimate.host_bytes / GiB:.3f} GiB" if estimate.host_bytes
+               else ""), "",
             f"the peak: the live set at {estimate.peak_where}",
             "  (a heap simulation of the step; the step's tensors above are "
             "not all live at once)"]

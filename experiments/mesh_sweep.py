@@ -114,6 +114,7 @@ def _ints(name: str, items: list[str]) -> tuple[int, ...]:
 def spec_from_flags():
   from meshes.layout import parse_mesh
   from simulator.search import SweepSpec
+  cli.check_lora_flags()
   return SweepSpec(
       model=FLAGS.model, topology=FLAGS.topology,
       batches=_ints("batches", FLAGS.batches), remats=join_remats(FLAGS.remats),
@@ -173,8 +174,16 @@ def check_run_settings(run_dir: str, spec) -> None:
     with open(path, "w") as f:
       json.dump(mine, f, indent=1)
     return
-  with open(path) as f:
-    theirs = json.load(f)
+  try:
+    with open(path) as f:
+      theirs = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"--resume: {path} is not the JSON a run writes ({e}); "
+                     "start a new run (without --resume)") from None
+  if not isinstance(theirs, dict):
+    raise ValueError(f"--resume: {path} is not the JSON a run writes (a "
+                     f"{type(theirs).__name__}); start a new run (without "
+                     "--resume)")
   for k in _IDENTITY:  # a run from before a setting existed had its default
     if theirs.get(k, defaults.get(k)) != mine[k]:
       raise ValueError(

@@ -7,6 +7,7 @@ import dataclasses
 NORMS = ("rms", "layer", "none")
 POSITIONS = ("rope", "learned", "relative", "none")
 MLPS = ("swiglu", "geglu", "gelu", "relu", "linear")
+GATED_MLPS = ("swiglu", "geglu")  # wi and a gate, wi_gate (models.layers)
 
 
 @dataclasses.dataclass(frozen=True)

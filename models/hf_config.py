@@ -56,7 +56,10 @@ def _check_sizes(raw: dict, path: str) -> None:
 
 
 def _name(path: str) -> str:
-  return os.path.splitext(os.path.basename(path))[0]
+  """The file's name; a checkout's config.json is named by its folder."""
+  name = os.path.splitext(os.path.basename(path))[0]
+  folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
+  return folder if name == "config" and folder else name
 
 
 def _positive_number(raw: dict, key: str, path: str) -> None:
@@ -138,6 +141,12 @@ def _decoder(raw: dict, family: str, path: str) -> ModelConfig:
     raise ValueError(f"{path}: hidden_size={d_model} is not a multiple of "
                      f"num_attention_heads={n_heads}; give head_dim")
   head_dim = raw.get("head_dim") or d_model // n_heads
+  kv = raw.get("num_key_value_heads", n_heads)
+  if isinstance(kv, int) and kv > 0 and n_heads % kv:
+    divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
+    raise ValueError(f"{path}: num_attention_heads={n_heads} is not a "
+                     f"multiple of num_key_value_heads={kv}; valid "
+                     f"num_key_value_heads: {', '.join(map(str, divisors))}")
   for key in ("rms_norm_eps", "rope_theta"):
     _positive_number(raw, key, path)
   gemma = family == "gemma"

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from models import quant
+from models.config import GATED_MLPS
 from models.offload import on_device
 from models.rules import AxisRules, reshard
 
@@ -173,7 +174,7 @@ class Mlp(nn.Module):
                             name=name, lora_rank=rank(name), **common)
     x = checkpoint_name(x, "mlp_in")
     h = checkpoint_name(up("wi")(x), "mlpwi")
-    if self.kind in ("swiglu", "geglu"):
+    if self.kind in GATED_MLPS:
       act = jax.nn.silu if self.kind == "swiglu" else jax.nn.gelu
       h = act(h) * checkpoint_name(up("wi_gate")(x), "mlpwi")
     elif self.kind in ("gelu", "relu"):

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import re
 
-from models.config import ModelConfig
+from models.config import GATED_MLPS, ModelConfig
 from models.remat import MAXTEXT_POLICIES
 
 BASES = {
@@ -180,7 +180,7 @@ def _config(name: str, cfg: ModelConfig | None) -> ModelConfig | None:
 
 def _gated(cfg: ModelConfig | None) -> bool:
   """Whether the run's MLP is gated (MaxText's mlpwi_0/mlpwi_1, not mlpwi)."""
-  return cfg is None or cfg.mlp in ("swiglu", "geglu")
+  return cfg is None or cfg.mlp in GATED_MLPS
 
 
 def custom_remat(o: dict, gated: bool) -> tuple[str, str]:

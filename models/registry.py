@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from models.config import ModelConfig
 from models.hf_config import from_hf_config
 from models.maxtext import model_by_name
@@ -11,6 +13,9 @@ from models.presets import PRESETS
 def load_model(name: str) -> ModelConfig:
   if name.endswith(".json"):
     return from_hf_config(name)
+  if os.path.isdir(name) and os.path.isfile(os.path.join(name,
+                                                        "config.json")):
+    return from_hf_config(os.path.join(name, "config.json"))  # a checkout
   scaled = model_by_name(name)
   if scaled is not None:
     return scaled
@@ -18,6 +23,6 @@ def load_model(name: str) -> ModelConfig:
     raise ValueError(f"unknown model {name!r}; valid: {', '.join(PRESETS)}, "
                      f"maxtext-<N>b / maxtext2023-<N>b (MaxText's "
                      f"global_parameter_scale N) or a path to a Hugging Face "
-                     f"config.json")
+                     f"config.json (or the folder holding it)")
   return PRESETS[name]
 

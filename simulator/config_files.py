@@ -19,8 +19,14 @@ _ALL = ("q", "k", "v", "o", "wi", "wi_gate", "wo")
 _HF_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw",
                   "adamw_torch_fused": "adamw", "adamw_apex_fused": "adamw",
                   "adafactor": "adafactor", "sgd": "sgd",
-                  # bitsandbytes' AdamW8bit (transformers' OptimizerNames)
-                  "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit"}
+                  # bitsandbytes' AdamW8bit (transformers' OptimizerNames);
+                  # its paged variants page the same state to the host
+                  # under memory pressure (bitsandbytes' paged optimizers)
+                  "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit",
+                  "paged_adamw_8bit": "adamw_8bit",
+                  "paged_adamw_32bit": "adamw"}
+# DeepSpeed ZeRO-Offload / ZeRO-Infinity to CPU memory -> --offload.
+_DS_OFFLOADS = {"offload_optimizer": "optimizer", "offload_param": "params"}
 _ZERO = {0: "dp", 1: "zero1", 2: "zero2", 3: "zero3"}
 
 
@@ -77,6 +83,7 @@ def _targets(value: Any) -> str:
 class _Mapper:
   def __init__(self, data: dict):
     self.data, self.flags, self.mapping, self.used = data, {}, [], set()
+    self.auto: list[str] = []  # keys DeepSpeed's launcher fills ("auto")
 
   def put(self, flag: str, value, why: str, *keys: str) -> None:
     self.flags[flag] = str(value)
@@ -84,23 +91,42 @@ class _Mapper:
     self.used.update(keys)
 
   def batch(self, micro_key: str, devices: int) -> None:
+    """--batch and --grad_accum; where either is DeepSpeed's "auto" (the
+    launcher fills it in), neither: the run's flags say them."""
+    keys = (micro_key, "gradient_accumulation_steps")
+    if any(self.data.get(k) == "auto" for k in keys):
+      self.auto.extend(k for k in keys if self.data.get(k) == "auto")
+      return
     micro = _int(self.data, micro_key, 1)
     accum = _int(self.data, "gradient_accumulation_steps", 1)
+    given = lambda key, value: (f"{key}={value}" if key in self.data
+                                else f"{key}={value} (default)")
     self.put("batch", micro * accum * devices,
-             f"{micro_key}={micro} x gradient_accumulation_steps={accum} x "
-             f"{devices} devices", micro_key, "gradient_accumulation_steps")
-    self.put("grad_accum", accum, f"gradient_accumulation_steps={accum}")
+             f"{given(micro_key, micro)} x "
+             f"{given('gradient_accumulation_steps', accum)} x {devices} "
+             f"devices", *keys)
+    self.put("grad_accum", accum, given("gradient_accumulation_steps", accum))
 
   def done(self, kind: str) -> ConfigRun:
     ignored = tuple(f"{k}={v}" for k, v in self.data.items()
-                    if k not in self.used)
+                    if k not in self.used and k not in self.auto) + tuple(
+        f"{k}=auto (the launcher's: give the flag)" for k in self.auto)
     return ConfigRun(kind, self.flags, tuple(self.mapping), ignored)
+
+
+def _one_half_precision(enabled: list[str]) -> None:
+  """bf16 and fp16 together: DeepSpeed and the Trainer refuse it too."""
+  if len(enabled) > 1:
+    raise ValueError("bf16 and fp16 are both enabled; DeepSpeed and the "
+                     "Hugging Face Trainer refuse that; enable one")
 
 
 def _deepspeed(data: dict, devices: int) -> ConfigRun:
   m = _Mapper(data)
   m.batch("train_micro_batch_size_per_gpu", devices)
-  if "train_batch_size" in data:
+  if data.get("train_batch_size") == "auto":
+    m.auto.append("train_batch_size")
+  elif "train_batch_size" in data and "batch" in m.flags:
     m.used.add("train_batch_size")
     if str(data["train_batch_size"]) != m.flags["batch"]:
       raise ValueError(f"train_batch_size={data['train_batch_size']} is not "
@@ -112,15 +138,28 @@ def _deepspeed(data: dict, devices: int) -> ConfigRun:
     raise ValueError(f"zero_optimization.stage={stage!r}; valid: 0, 1, 2, 3")
   m.put("shard", _ZERO[stage], f"zero_optimization.stage={stage}",
         "zero_optimization")
-  offload = [f"zero_optimization.{k}={zero[k]}" for k in (
-      "offload_optimizer", "offload_param") if k in zero]
-  half = [k for k in ("bf16", "fp16") if (data.get(k) or {}).get("enabled")]
-  m.put("precision", "bf16_master" if half else "mixed",
-        f"{half[0]}.enabled=true (16-bit params, f32 master)" if half else
-        "no bf16/fp16 (f32 params)", "bf16", "fp16")
+  to_cpu = [name for key, name in _DS_OFFLOADS.items()
+            if ((zero.get(key) or {}).get("device") or "none") == "cpu"]
+  if to_cpu:
+    m.put("offload", ",".join(to_cpu), " ".join(
+        f"zero_optimization.{k}.device=cpu" for k, name in
+        _DS_OFFLOADS.items() if name in to_cpu))
+  offload = [f"zero_optimization.{k}={zero[k]}" for k, name in
+             _DS_OFFLOADS.items() if k in zero and name not in to_cpu
+             and ((zero[k] or {}).get("device") or "none") != "none"]
+  enabled = {k: (data.get(k) or {}).get("enabled") for k in ("bf16", "fp16")}
+  m.auto.extend(f"{k}.enabled" for k, v in enabled.items() if v == "auto")
+  half = [k for k, v in enabled.items() if v is True]
+  _one_half_precision(half)
+  if "auto" not in enabled.values():
+    m.put("precision", "bf16_master" if half else "mixed",
+          f"{half[0]}.enabled=true (16-bit params, f32 master)" if half else
+          "no bf16/fp16 (f32 params)", "bf16", "fp16")
   opt = ((data.get("optimizer") or {}).get("type") or "AdamW").lower()
   if opt in ("adam", "adamw"):
-    m.put("optimizer", "adamw", f"optimizer.type={opt}", "optimizer")
+    m.put("optimizer", "adamw", f"optimizer.type={opt}" if "optimizer" in data
+          else "no optimizer section (the client's AdamW assumed)",
+          "optimizer")
   run = m.done("DeepSpeed JSON")
   return dataclasses.replace(run, ignored=run.ignored + tuple(offload))
 
@@ -129,6 +168,7 @@ def _huggingface(data: dict, devices: int) -> ConfigRun:
   m = _Mapper(data)
   m.batch("per_device_train_batch_size", devices)
   half = [k for k in ("bf16", "fp16") if data.get(k)]
+  _one_half_precision(half)
   m.put("precision", "mixed", (f"{half[0]}=true" if half else "no bf16/fp16")
         + " (f32 params, autocast)", "bf16", "fp16")
   if "gradient_checkpointing" in data:
@@ -175,8 +215,14 @@ def _quantized_base(m: _Mapper, bits, kind, why: str, *keys: str) -> None:
 def _llamafactory(data: dict, devices: int) -> ConfigRun:
   m = _Mapper(data)
   m.batch("per_device_train_batch_size", devices)
-  m.put("precision", "mixed", ("bf16=true" if data.get("bf16") else
-                               "no bf16") + " (f32 params, autocast)", "bf16")
+  _one_half_precision([k for k in ("bf16", "fp16") if data.get(k)])
+  if data.get("pure_bf16"):  # LLaMA-Factory: bf16 weights, no f32 master
+    m.put("precision", "bf16", "pure_bf16=true (bf16 params and optimizer "
+          "state, no f32 master)", "pure_bf16", "bf16")
+  else:
+    m.put("precision", "mixed", ("bf16=true" if data.get("bf16") else
+                                 "no bf16") + " (f32 params, autocast)",
+          "bf16", "pure_bf16")
   if "cutoff_len" in data:
     m.put("seq", _int(data, "cutoff_len", 1), f"cutoff_len={data['cutoff_len']}",
           "cutoff_len")

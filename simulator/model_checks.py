@@ -5,8 +5,8 @@ cache checks its flags without importing jax (simulator.search)."""
 
 from __future__ import annotations
 
-from models.config import (FLASH_BLOCK, ModelConfig, at_resolution,
-                           image_tokens)
+from models.config import (FLASH_BLOCK, GATED_MLPS, ModelConfig,
+                           at_resolution, image_tokens)
 from simulator.settings import TrainSettings
 
 
@@ -126,3 +126,36 @@ def check_model_settings(cfg: ModelConfig, settings: TrainSettings) -> None:
                      f"{mlp_targets[0]!r} is in {cfg.name}'s mixture of "
                      "experts, where adapters are not built; valid: q, k, v, "
                      "o")
+  if settings.lora_rank:
+    check_lora(cfg, settings)
+  if settings.lora_rank and settings.train_vision:
+    raise ValueError(f"train_vision=True with lora_rank={settings.lora_rank}:"
+                     " adapters train the language model's projections and "
+                     "freeze the rest, the vision tower too; give one of "
+                     "them")
+
+
+def lora_projections(cfg: ModelConfig) -> tuple[str, ...]:
+  """The projections of `cfg` an adapter can go on (models.layers): the
+  attention's q, k, v and o where it has attention, the MLP's wi and wo,
+  and wi_gate where the MLP is gated."""
+  return (("q", "k", "v", "o") if cfg.attention else ()) + (
+      ("wi", "wi_gate", "wo") if cfg.mlp in GATED_MLPS else ("wi", "wo"))
+
+
+def check_lora(cfg: ModelConfig, settings: TrainSettings) -> None:
+  """One-line ValueErrors for adapters that would train nothing or cannot
+  be built: a target the model does not have (its adapter would be
+  missing, the run training nothing), and a rank above the hidden size (an
+  adapter's rank is at most its projection's smaller side)."""
+  have = lora_projections(cfg)
+  missing = [t for t in settings.lora_targets if t not in have]
+  if missing:
+    raise ValueError(f"lora_targets={','.join(settings.lora_targets)}: "
+                     f"{cfg.name} has no {missing[0]!r} projection; valid: "
+                     f"{', '.join(have)}")
+  if settings.lora_rank > cfg.d_model:
+    raise ValueError(f"lora_rank={settings.lora_rank} exceeds {cfg.name}'s "
+                     f"hidden size {cfg.d_model} (an adapter's rank is at "
+                     f"most its projection's smaller side); choose lora_rank "
+                     f"<= {cfg.d_model}")

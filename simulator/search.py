@@ -38,7 +38,7 @@ from models.config import ModelConfig
 from models.registry import load_model
 from simulator.cache import Cache
 from simulator.memory.capacity import (HBM_FRACTION, capacity_bytes,
-                                       check_hbm_fraction)
+                                       check_hbm_fraction, mem_fraction)
 from simulator.model_checks import (PlanError, check_heads_over_y,
                                      check_model_settings, check_pipeline,
                                      check_seq, with_images)
@@ -126,9 +126,16 @@ class SweepSpec:
     """Raises ValueError naming the bad value, before any tracing."""
     cfg, topo = load_model(self.model), parse_topology(self.topology)
     for name in ("batches", "remats", "shards", "optimizers", "pps", "dps"):
-      if not getattr(self, name):
+      values = getattr(self, name)
+      if not values:
         raise ValueError(f"{name} is empty; give at least one value")
+      twice = [v for v in values if values.count(v) > 1]
+      if twice:
+        raise ValueError(f"{name}: {twice[0]} is given twice; give each "
+                         "value once")
     check_hbm_fraction(self.hbm_fraction)
+    if topo.chip.kind == "gpu":
+      mem_fraction()  # the allocator pool's share, from the environment
     for b in self.batches:
       if not isinstance(b, int) or b <= 0:
         raise ValueError(f"batch {b!r} must be a positive integer")
@@ -237,8 +244,12 @@ class Sweep:
     # program walks and heap simulations of every group), for benchmarks.
     self.seconds: collections.Counter = collections.Counter()
     # What every config's cache key shares, made once (asdict is not free).
+    # On a GPU what a plan may use turns on the allocator pool's share of
+    # the device (capacity: XLA_PYTHON_CLIENT_MEM_FRACTION), which the
+    # records' verdicts and the groups' estimates hold.
     self._key_parts = dict(
         model=dataclasses.asdict(cfg), topology=topo.name,
+        memory_fraction=mem_fraction() if topo.chip.kind == "gpu" else None,
         spec={k: v for k, v in dataclasses.asdict(spec).items() if k not in (
             "batches", "remats", "shards", "optimizers", "meshes")})
 
@@ -289,6 +300,7 @@ class Sweep:
       return None
     return self.cache.key(
         kind="group", model=self._key_parts["model"], topology=self.topo.name,
+        memory_fraction=self._key_parts["memory_fraction"],
         mesh=(c.X, c.Y, c.P, c.D),
         settings={k: v for k, v in dataclasses.asdict(settings).items()
                   if k != "batch"})

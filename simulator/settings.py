@@ -111,6 +111,10 @@ class TrainSettings:
     if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
       raise ValueError(f"lora_rank={self.lora_rank!r} must be an integer >= 0"
                        " (0: full fine-tuning)")
+    twice = [t for t in self.lora_targets if self.lora_targets.count(t) > 1]
+    if twice:
+      raise ValueError(f"lora_targets={','.join(self.lora_targets)!r}: "
+                       f"{twice[0]!r} is given twice; give each once")
     bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
     if bad or (self.lora_rank and not self.lora_targets):
       raise ValueError(f"lora_targets={','.join(self.lora_targets)!r}: "

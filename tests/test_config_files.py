@@ -27,12 +27,41 @@ def test_a_deepspeed_json(tmp_path):
   run = read_config(path, devices=8)
   assert run.kind == "DeepSpeed JSON"
   assert run.flags == {"batch": "64", "grad_accum": "4", "shard": "zero2",
-                       "precision": "bf16_master", "optimizer": "adamw"}
-  assert "gradient_clipping=1.0" in run.ignored
-  assert any(i.startswith("zero_optimization.offload_optimizer") for i in
-             run.ignored)
+                       "offload": "optimizer", "precision": "bf16_master",
+                       "optimizer": "adamw"}
+  assert run.ignored == ("gradient_clipping=1.0",)
   with pytest.raises(ValueError, match="train_batch_size=64 is not"):
     read_config(path, devices=4)
+
+
+def test_deepspeed_auto_values_nvme_and_two_half_precisions(tmp_path):
+  """The Trainer's "auto" values set nothing (the run's flags say them),
+  named as the launcher's; ZeRO-Infinity's NVMe offload is not expressed;
+  bf16 and fp16 together are refused, as DeepSpeed refuses them."""
+  run = read_config(_write(tmp_path, "auto.json", json.dumps({
+      "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+      "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
+      "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}
+  })), devices=8)
+  assert run.flags == {"shard": "zero3", "optimizer": "adamw"}
+  assert "bf16.enabled=auto (the launcher's: give the flag)" in run.ignored
+  assert "train_micro_batch_size_per_gpu=auto (the launcher's: give the flag)" in (
+      run.ignored)
+  assert any(i.startswith("zero_optimization.offload_param=") for i in
+             run.ignored)
+  with pytest.raises(ValueError, match="bf16 and fp16 are both enabled"):
+    read_config(_write(tmp_path, "both.json", json.dumps({
+        "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+        "fp16": {"enabled": True}})), devices=8)
+
+
+def test_llama_factory_pure_bf16_and_a_paged_8bit_optimizer(tmp_path):
+  run = read_config(_write(tmp_path, "lf.yaml", "per_device_train_batch_size: "
+                           "2\npure_bf16: true\noptim: paged_adamw_8bit\n"),
+                    devices=4)
+  assert (run.flags["precision"], run.flags["optimizer"]) == (
+      "bf16", "adamw_8bit")
+  assert not run.ignored
 
 
 def test_hugging_face_training_arguments_with_peft(tmp_path):
@@ -121,3 +150,22 @@ def test_the_flag_maps_and_explicit_flags_win(tmp_path):
       capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2 and bad.stderr.strip() == (
       "error: --config=/no/such.json: No such file or directory")
+
+
+def test_replicas_count_as_data_parallel_devices_and_maxtext_is_refused(
+    tmp_path):
+  """With --dp the batch is split over D x X devices; --maxtext beside
+  --config is refused (both describe the run)."""
+  path = _write(tmp_path, "ds.json", json.dumps({
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "zero_optimization": {"stage": 1}}))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  run = lambda *a: subprocess.run(
+      [sys.executable, "-m", "experiments.memory_report", "--model=tiny",
+       "--seq=64", f"--config={path}", *a], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=120)
+  out = run("--topology=v5p-16", "--dp=2", "--mesh=4x1")
+  assert "x 8 devices -> --batch=16" in out.stderr, out.stderr
+  both = run("--topology=v5p-8", "--maxtext=model_name=tiny")
+  assert both.returncode == 2 and both.stderr.strip().startswith(
+      "error: --maxtext and --config=")

@@ -90,6 +90,10 @@ def test_gpu_hosts_in_json():
     (["--shard=zero4"], "zero4"),
     (["--topology=h100:16"], "write GPUs per host or hosts x GPUs per host"),
     (["--topology=h100:3x8", "--mesh=2x12"], "Y=12 must divide a host's 8"),
+    # adapters on a projection the model lacks would train nothing
+    (["--model=gpt2", "--lora_rank=8", "--lora_targets=wi_gate"],
+     "gpt2 has no 'wi_gate' projection; valid: q, k, v, o, wi, wo"),
+    (["--model=tiny", "--lora_targets=q"], "lora_targets=q without lora_rank"),
 ])
 def test_bad_input_is_one_line_exit_2(flags, message):
   out = describe(*flags)
@@ -112,3 +116,12 @@ def test_replicas_hold_their_x_shard_of_every_weight():
                              "--mesh=32x1", "--format=json").stdout)
   assert (replicas["mesh"]["D"], replicas["mesh"]["X"]) == (2, 16)
   assert replicas["per_device_param_bytes"] == 2 * flat["per_device_param_bytes"]
+
+
+@pytest.mark.parametrize("model", ["tiny_vlm", "llava_mini"])
+def test_a_vision_language_model_is_described_at_the_defaults(model):
+  """Its parameters do not turn on the sequence: the image tokens plus the
+  default seq, which flash attention would refuse, do not stop it."""
+  out = describe(f"--model={model}", "--topology=v5p-8")
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith(f"model {model}: ")

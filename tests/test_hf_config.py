@@ -99,6 +99,9 @@ def test_bad_t5_configs_name_the_problem(tmp_path, raw, message):
     ({**LLAMA2_7B, "num_hidden_layers": -2}, "n_layers=-2"),
     ("[1, 2]", "expected a JSON object"),
     ({**LLAMA2_7B, "num_attention_heads": 30}, "not a multiple of"),
+    ({**LLAMA2_7B, "num_key_value_heads": 3}, "num_attention_heads=32 is not "
+     "a multiple of num_key_value_heads=3; valid num_key_value_heads: 1, 2, "
+     "4, 8, 16, 32"),
     ({**LLAMA2_7B, "rope_theta": float("nan")}, "rope_theta=nan"),
     ({**LLAMA2_7B, "rms_norm_eps": {"a": 1}}, "rms_norm_eps={'a': 1}"),
     ({**LLAMA2_7B, "rms_norm_eps": None}, None),
@@ -119,3 +122,13 @@ def test_bad_configs_name_the_problem(tmp_path, raw, message):
 def test_missing_file():
   with pytest.raises(ValueError, match="cannot read model config"):
     load_model("/nonexistent/config.json")
+
+
+def test_a_checkout_folder_reads_its_config_json(tmp_path):
+  """--model=FOLDER (a Hugging Face checkout) reads FOLDER/config.json and
+  is named by the folder."""
+  folder = tmp_path / "Llama-2-7b-hf"
+  folder.mkdir()
+  (folder / "config.json").write_text(json.dumps(LLAMA2_7B))
+  cfg = load_model(str(folder))
+  assert cfg.name == "Llama-2-7b-hf" and cfg.d_model == 4096

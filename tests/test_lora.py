@@ -52,6 +52,7 @@ def test_the_base_is_frozen_no_gradient_no_optimizer_state():
     (dict(lora_rank=-1), "lora_rank=-1"),
     (dict(lora_rank=4, lora_targets=("q", "attn")), "'attn' is not a projection"),
     (dict(lora_rank=4, lora_targets=()), "'empty' is not a projection"),
+    (dict(lora_rank=4, lora_targets=("q", "q", "v")), "'q' is given twice"),
 ])
 def test_bad_lora_settings(kw, match):
   with pytest.raises(ValueError, match=match):

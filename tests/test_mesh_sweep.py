@@ -261,6 +261,15 @@ def test_resume_with_other_settings_is_refused(tmp_path):
                          progress=False, out=open(os.devnull, "w"))
 
 
+def test_resume_of_a_run_whose_settings_file_is_torn_names_it(tmp_path):
+  run_dir = tmp_path / "t"
+  run_dir.mkdir()
+  (run_dir / mesh_sweep.RUN_SETTINGS).write_text('{"model": ')
+  with pytest.raises(ValueError, match=r"--resume: .*/t/run.json is not the "
+                     r"JSON a run writes \(Expecting value"):
+    mesh_sweep.check_run_settings(str(run_dir), SPEC)
+
+
 def test_a_run_is_written_by_one_sweep_at_a_time(swept):
   run_dir = swept[1].run_dir
   with mesh_sweep.run_lock(run_dir):

@@ -23,6 +23,15 @@ def _settings(**kw) -> TrainSettings:
     ("tiny", {"capacity_factor": 1.25}, "has no mixture of experts"),
     ("tiny_moe", {"lora_rank": 4, "lora_targets": ("q", "wi")},
      "'wi' is in tiny_moe's mixture of experts"),
+    # an adapter on a projection the model lacks would train nothing
+    ("gpt2", {"lora_rank": 4, "lora_targets": ("q", "wi_gate")},
+     "gpt2 has no 'wi_gate' projection; valid: q, k, v, o, wi, wo"),
+    ("xxl_ffn", {"lora_rank": 4, "lora_targets": ("q",)},
+     "xxl_ffn has no 'q' projection; valid: wi, wo"),
+    ("gpt2", {"lora_rank": 769}, "lora_rank=769 exceeds gpt2's hidden size "
+     "768"),
+    ("tiny_vlm", {"lora_rank": 4, "train_vision": True},
+     "train_vision=True with lora_rank=4: adapters train"),
 ])
 def test_settings_of_another_kind_of_model(model, kw, needle):
   with pytest.raises(ValueError, match=needle):

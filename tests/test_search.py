@@ -139,6 +139,26 @@ def test_bad_spec_values_raise_before_tracing():
       spec.validate()
 
 
+def test_a_value_given_twice_and_a_bad_pool_share_are_refused(monkeypatch):
+  """A duplicate would be evaluated and recorded twice; on a GPU the
+  allocator pool's share is read (and refused) before any run is made,
+  and it keys the cache: records made at one share are not another's."""
+  spec = search.SweepSpec(model="tiny", topology="h100:8", batches=(8, 16, 8))
+  with pytest.raises(ValueError, match="batches: 8 is given twice"):
+    spec.validate()
+  spec = search.SweepSpec(model="tiny", topology="h100:8", batches=(8,))
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "abc")
+  with pytest.raises(ValueError, match="'abc' is not a number"):
+    spec.validate()
+  keys = []
+  for share in ("0.75", "0.9"):
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", share)
+    sweep = search.Sweep(spec)
+    keys.append(sweep.cache_key(search.Config(8, 1, 8, "full", "zero3",
+                                              "adamw"), "records"))
+  assert keys[0] != keys[1]
+
+
 def test_nothing_fits_recommendation_names_the_smallest():
   r = dict(status="ok", fits=False, X=2, Y=4, batch=8, remat="full",
            peak_bytes=200 * search.GiB, hbm_bytes=95 * search.GiB)
