@@ -130,24 +130,25 @@ def test_bad_files(tmp_path, name, text, match):
     read_config(_write(tmp_path, name, text), devices=4)
 
 
+def _memory_report(*args):
+  return subprocess.run(
+      [sys.executable, "-m", "experiments.memory_report", "--model=tiny",
+       "--seq=64", *args], cwd=ROOT,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+      text=True, timeout=120)
+
+
 def test_the_flag_maps_and_explicit_flags_win(tmp_path):
   path = _write(tmp_path, "ds.json", json.dumps({
       "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
       "zero_optimization": {"stage": 1}}))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  run = lambda *a: subprocess.run(
-      [sys.executable, "-m", "experiments.memory_report", "--model=tiny",
-       "--topology=v5p-8", "--mesh=2x2", "--seq=64", f"--config={path}", *a],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-  out = run("--grad_accum=1")
+  out = _memory_report("--topology=v5p-8", "--mesh=2x2", f"--config={path}",
+                       "--grad_accum=1")
   assert out.returncode == 0, out.stderr
   assert "config: --grad_accum=1 given explicitly wins over 2" in out.stderr
   assert "tiny: batch 4 x seq 64" in out.stdout  # 1 x 2 x X=2
   assert "X shards zero1" in out.stdout and "micro-batches" not in out.stdout
-  bad = subprocess.run(
-      [sys.executable, "-m", "experiments.memory_report", "--model=tiny",
-       "--topology=v5p-8", "--config=/no/such.json"], cwd=ROOT, env=env,
-      capture_output=True, text=True, timeout=120)
+  bad = _memory_report("--topology=v5p-8", "--config=/no/such.json")
   assert bad.returncode == 2 and bad.stderr.strip() == (
       "error: --config=/no/such.json: No such file or directory")
 
@@ -159,13 +160,10 @@ def test_replicas_count_as_data_parallel_devices_and_maxtext_is_refused(
   path = _write(tmp_path, "ds.json", json.dumps({
       "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
       "zero_optimization": {"stage": 1}}))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  run = lambda *a: subprocess.run(
-      [sys.executable, "-m", "experiments.memory_report", "--model=tiny",
-       "--seq=64", f"--config={path}", *a], cwd=ROOT, env=env,
-      capture_output=True, text=True, timeout=120)
-  out = run("--topology=v5p-16", "--dp=2", "--mesh=4x1")
+  out = _memory_report("--topology=v5p-16", "--dp=2", "--mesh=4x1",
+                       f"--config={path}")
   assert "x 8 devices -> --batch=16" in out.stderr, out.stderr
-  both = run("--topology=v5p-8", "--maxtext=model_name=tiny")
+  both = _memory_report("--topology=v5p-8", f"--config={path}",
+                        "--maxtext=model_name=tiny")
   assert both.returncode == 2 and both.stderr.strip().startswith(
       "error: --maxtext and --config=")
