@@ -213,8 +213,8 @@ class Compiled:
 # XLA:GPU's Triton GEMM emitter finds no tiling for some matmuls (LLaVA's
 # vision tower output projection on h100:8 and a100:8, bf16[1028,512] and
 # larger: "Couldn't find output tile sizes"); with Triton GEMMs off the same
-# step compiles, its GEMMs in cuBLAS, as a run on the GPU would need too
-# (the GPU corpus's #39, #99, #100, #107, #108, #154).
+# step compiles, its GEMMs in cuBLAS (the GPU corpus's #39, #99, #100, #107,
+# #108, #154; on a GPU, XLA_FLAGS=--xla_gpu_enable_triton_gemm=false).
 TRITON_TILING_FAILURE = "Couldn't find output tile sizes"
 CUBLAS_GEMMS = {"xla_gpu_enable_triton_gemm": False}
 
