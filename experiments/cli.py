@@ -132,19 +132,29 @@ def define_corpus_flags() -> None:
 
 
 def read_kept_rows(path: str, flag: str = "from_jsonl",
-                   what: str = "a --jsonl file of an earlier run"
-                   ) -> list[dict]:
+                   what: str = "a --jsonl file of an earlier run",
+                   keys: tuple[str, ...] = ()) -> list[dict]:
   """The JSON lines of a file of kept rows (`flag` names it: a --jsonl file
-  for --from_jsonl), or a one-line error saying it wants `what`."""
+  for --from_jsonl), each an object with `keys`, or a one-line error
+  naming the line and saying it wants `what`."""
   import json  # pylint: disable=g-import-not-at-top
   try:
     with open(path) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+      rows = [(n, json.loads(line)) for n, line in enumerate(f, 1)
+              if line.strip()]
   except (OSError, ValueError) as e:
     fail(f"--{flag}={path!r}: {e}; give {what}")
   if not rows:
     fail(f"--{flag}={path!r} holds no rows; give {what}")
-  return rows
+  for n, row in rows:
+    missing = [k for k in keys if k not in row] if isinstance(row, dict) else []
+    if missing or not isinstance(row, dict):
+      fault = (f"has no {missing[0]!r}" if missing else
+               f"is a JSON {type(row).__name__}, not an object")
+      fail(f"--{flag}={path!r}: line {n} {fault}; give {what}"
+           + (f" (each line a JSON object with {', '.join(map(repr, keys))})"
+              if keys else ""))
+  return [row for _, row in rows]
 
 
 def define_target_seq_flag() -> None:
@@ -250,6 +260,17 @@ def check_lora_flags() -> None:
   if "lora_targets" in f and f["lora_targets"].present and not f.lora_rank:
     raise ValueError(f"lora_targets={','.join(f.lora_targets)} without "
                      "lora_rank: adapters need a rank; give lora_rank > 0")
+
+
+def check_folder(flag: str, path: str | None) -> None:
+  """A file flag whose folder is not there: a one-line error before any
+  work (nothing is written until the run's end)."""
+  if path is None:
+    return
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder):
+    fail(f"--{flag}={path!r}: no folder {folder!r}; give a file in an "
+         "existing folder")
 
 
 def fail(message: str) -> None:

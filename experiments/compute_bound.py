@@ -73,8 +73,16 @@ def main(argv):
   hw_kw = dict(flops_per_chip=f.flops_per_chip,
                link_bandwidth=f.ici_link_bandwidth, ring=f.ring, wraparound=wrap)
   tokens = f.tokens or settings.tokens
-  if tokens <= 0:
-    raise ValueError(f"tokens={tokens} must be positive")
+  if not (math.isfinite(tokens) and tokens > 0):
+    raise ValueError(f"tokens={tokens} must be a positive finite number "
+                     "of tokens per step")
+  if topo.chip.kind == "gpu":
+    tpu_only = [f"--{name}={f[name].value}" for name in ("ring", "wraparound")
+                if f[name].present]
+    if tpu_only:
+      raise ValueError(f"{', '.join(tpu_only)}: the TPU ring's options; a "
+                       "GPU's collectives are timed as NCCL runs them "
+                       "(simulator.timing.nccl); drop them")
   rows = R.search_meshes(cfg, settings, topo, f.m_x, f.m_y, hardware_kw=hw_kw,
                          pass_=pass_, tokens=tokens, D=dp,
                          windowed_einsum=f.windowed_einsum)
@@ -129,7 +137,8 @@ def main(argv):
                         bytes_per_device=t.b0 + t.b1 * tokens,
                         overlappable=t.overlappable, windowed=t.windowed)
                    for t in base.model.terms if t.phase in R.PASSES[pass_]],
-      collectives_mesh=mesh_name(base.plan.X, base.plan.Y, D=dp))
+      collectives_mesh=mesh_name(base.plan.X, base.plan.Y, D=dp),
+      step_time_caveat=R.step_time_caveat(topo.chip.name))
   if f.format == "json":
     print(json.dumps(out, indent=1))
     return
@@ -151,6 +160,9 @@ def main(argv):
         f"bind them, T_mm_hbm_s; MFU_bound: the roofline's, without both; "
         f"tok/dev, tok_global: the compute-bound threshold, tokens per device "
         f"and per step, inf where communication binds at any batch)")
+  caveat = R.step_time_caveat(topo.chip.name)
+  if caveat:
+    print(f"note: {caveat}")
   hdr = ("X", "Y", "M_X", "M_Y", "tok/dev", "tok_global", "T_math_s", "T_comm_s",
          "exposed_s", "step_s", "MFU", "MFU_bound", "T_hbm_s",
          "T_mm_hbm_s")
@@ -191,8 +203,11 @@ def main(argv):
         + (f"{bi['tokens_global']} tokens{note}" if bi["tokens_global"]
            is not None else "none: communication binds every traced split "
            "at any batch"))
-  print(f"collectives of {out['collectives_mesh']} per step (bytes per device at "
-        f"{tokens:.0f} tokens):")
+  why = ("" if f.mesh or base is best else
+         " (the best split with both axes over 1, whose terms the continuous"
+         " optimum rescales; --mesh names another)")
+  print(f"collectives of {out['collectives_mesh']}{why} per step (bytes per "
+        f"device at {tokens:.0f} tokens):")
   for c in out["collectives"]:
     print(f"  {c['phase']:<9} {c['kind']:<14} {c['axis']} x{c['count']:<4} "
           f"{c['bytes_per_device']:>14.0f} B  {c['source']}"

@@ -70,6 +70,8 @@ flags.DEFINE_string("recheck", None, "instead of one plan: today's estimate "
 def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
            ) -> str:
   s, hbm = e.serve, e.hbm_bytes
+  usable = ("what XLA may use" if e.plan.topology.chip.kind == "gpu"
+            else "HBM")
   g = lambda n: f"{n / GiB:.3f} GiB"
   cfg = serve_config(cfg, s)
   images = image_tokens(cfg, s.images)
@@ -85,12 +87,17 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
   lines = [f"{e.model}: batch {s.batch}, {positions}, kv {s.kv_dtype}, "
            f"prefill attention {s.attention}", e.plan.describe()]
   if e.kv_heads_replicated:
-    lines.append(kv_heads_note(cfg, e.plan.Y))
+    lines.append(kv_heads_note(cfg, e.plan.Y, training=False))
+  if cfg.positions == "rope" and images + s.length > cfg.max_len:
+    lines.append(f"note: {images + s.length} positions, past the "
+                 f"{cfg.max_len} {cfg.name} was trained at (rotary positions "
+                 "run past it: memory and time are these; whether it "
+                 "generates well there is not this report's to say)")
   lines += ["", f"weights (bf16)      {g(e.weights_bytes)} per device",
             f"KV cache (full)     {g(e.kv_cache_bytes)} per device", ""]
   for name, p in e.phases.items():
     lines.append(f"{name:<8} peak {g(p.peak_bytes)} ({100 * p.peak_bytes / hbm:.1f}% "
-                 f"HBM) at {p.peak_where}")
+                 f"of {usable}) at {p.peak_where}")
     lines.append(f"         per device {p.flops / 1e12:.3f} TFLOP, "
                  f"{g(p.hbm_bytes)} read, {g(p.comm_bytes)} in collectives: "
                  f"T_math {1e3 * p.t_math:.3f} ms, T_hbm "
@@ -112,7 +119,8 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
   verdict = "fits" if e.fits else "does NOT fit"
   lines += ["", f"decode: {e.decode_tokens_per_s:,.0f} tokens/s at batch "
             f"{s.batch}; end to end {e.tokens_per_s:,.0f} generated tokens/s"
-            f" ({e.total_seconds:.3f} s for prefill + {s.generate} steps)",
+            f" ({e.total_seconds:.3f} s for prefill + {s.generate} decode "
+            f"step{'s' if s.generate != 1 else ''})",
             f"{'usable by XLA' if e.plan.topology.chip.kind == 'gpu' else 'HBM'}"
             f" per chip {hbm / GiB:.2f} GiB: {verdict} (peak "
             f"{g(e.peak_bytes)}, {g(e.planned_bytes)} with the "
@@ -159,14 +167,31 @@ def render_recheck(results: list[dict]) -> str:
   return "\n".join(lines)
 
 
+# The flags that describe one plan, which --recheck (every kept plan) does
+# not take.
+_PLAN_FLAGS = ("model", "topology", "mesh", "batch", "prompt", "generate",
+               "kv_dtype", "attention", "images_per_sample", "image_size",
+               "patch_size", "maxtext", "keep", "part")
+
+
 def main(argv) -> None:
   del argv
   if FLAGS.recheck is not None:
     if FLAGS.compile:
       cli.fail(f"--recheck={FLAGS.recheck!r} re-checks kept compiles; drop "
                "--compile (or --recheck)")
-    results = inference.recheck(cli.read_kept_rows(
-        FLAGS.recheck, "recheck", "a file of inference_report --keep rows"))
+    plan_flags = [f"--{name}" for name in _PLAN_FLAGS
+                  if name in FLAGS and FLAGS[name].present]
+    if plan_flags:
+      cli.fail(f"--recheck re-checks every plan its file keeps; drop "
+               f"{', '.join(plan_flags)} (a plan's flags)")
+    rows = cli.read_kept_rows(
+        FLAGS.recheck, "recheck", "a file of inference_report --keep rows",
+        keys=("model", "topology", "mesh", "serve", "compiled"))
+    try:
+      results = inference.recheck(rows)
+    except ValueError as e:
+      raise ValueError(f"--recheck={FLAGS.recheck}: {e}") from None
     print(json.dumps(results, indent=1) if FLAGS.format == "json"
           else render_recheck(results))
     return
@@ -174,11 +199,7 @@ def main(argv) -> None:
     cli.fail(f"--keep={FLAGS.keep!r} keeps compiled steps; add --compile")
   if FLAGS.part is not None and FLAGS.keep is None:
     cli.fail(f"--part={FLAGS.part!r} names a kept row's part; add --keep")
-  if FLAGS.keep is not None:
-    folder = os.path.dirname(os.path.abspath(FLAGS.keep))
-    if not os.path.isdir(folder):
-      cli.fail(f"--keep={FLAGS.keep!r}: no folder {folder!r}; give a file in "
-               "an existing folder")
+  cli.check_folder("keep", FLAGS.keep)
   cfg, plan = cli.model_and_plan()
   serve = S.ServeSettings(FLAGS.batch, FLAGS.prompt, FLAGS.generate,
                           FLAGS.kv_dtype, FLAGS.attention,

@@ -17,6 +17,8 @@ with --memory_scheduler=NAME those compiles run libtpu's scheduler NAME.
 
 from __future__ import annotations
 
+import json
+
 from absl import flags
 
 from experiments import cli
@@ -60,42 +62,56 @@ def main(argv) -> None:
   where = (f"{FLAGS.hbm_fraction:.0%} of {usable / GiB:.0f}"
            f" GiB = {cap / GiB:.2f} GiB per device, mesh "
            f"{mesh_name(plan.X, plan.Y, plan.P, plan.D)}")
+  text = FLAGS.format == "text"
+  say = lambda line: print(line, flush=True) if text else None
+  out = {"model": cfg.name, "topology": plan.topology.describe(),
+         "mesh": mesh_name(plan.X, plan.Y, plan.P, plan.D),
+         "hbm_fraction": FLAGS.hbm_fraction, "usable_bytes": usable,
+         "budget_bytes": cap, "batch_step": step, "largest_batch": best}
   if not best:
     need = estimate.at_batch(step).compiled_comparable_peak
-    print(f"nothing fits in {where}: batch {step} needs {need / GiB:.2f} GiB")
-    if not FLAGS.frontier:
-      return
+    out["needed_bytes_at_step"] = need
+    say(f"nothing fits in {where}: batch {step} needs {need / GiB:.2f} GiB")
   else:
     at = estimate.at_batch(best)
     more = estimate.at_batch(best + step).compiled_comparable_peak
-    print(f"largest batch in {where}: {best} sequences ({best // plan.data} per "
-          f"data shard) at {at.compiled_comparable_peak / GiB:.2f} GiB "
-          f"({at.per_device_bytes['peak'] / GiB:.2f} with the 10% planning "
-          f"overhead); {best + step} would need {more / GiB:.2f} GiB")
-  if FLAGS.confirm or FLAGS.frontier:
+    out.update(peak_bytes=at.compiled_comparable_peak,
+               planned_peak_bytes=at.per_device_bytes["peak"],
+               next_batch_peak_bytes=more)
+    say(f"largest batch in {where}: {best} sequences ({best // plan.data} per "
+        f"data shard) at {at.compiled_comparable_peak / GiB:.2f} GiB "
+        f"({at.per_device_bytes['peak'] / GiB:.2f} with the 10% planning "
+        f"overhead); {best + step} would need {more / GiB:.2f} GiB")
+  if (FLAGS.confirm and best) or FLAGS.frontier:
     from simulator.xla import frontier
     if plan.topology.chip.kind == "gpu":
-      print("note: a GPU target compiles here without a GPU, so without "
-            "XLA's autotuner; on a GPU it can put the logits matmul on "
-            "cuBLAS and hold more (README, 'Autotuned on a real GPU'): a "
-            "batch that fits these compiles may not fit there, while the "
-            "simulation's answer holds that schedule")
+      say("note: a GPU target compiles here without a GPU, so without "
+          "XLA's autotuner; on a GPU it can put the logits matmul on "
+          "cuBLAS and hold more (README, 'Autotuned on a real GPU'): a "
+          "batch that fits these compiles may not fit there, while the "
+          "simulation's answer holds that schedule")
     compile_at = frontier.compile_probe(cfg, settings, plan, cap,
                                         FLAGS.memory_scheduler)
+    probes = out["compiles"] = []
 
     def probe(batch: int) -> frontier.Probe:
       p = compile_at(batch)
-      print(f"compiled at batch {batch}: {_said(p)}, "
-            f"{'fits' if p.fits else 'does NOT fit'} in {cap / GiB:.2f} GiB",
-            flush=True)
+      probes.append(dataclasses.asdict(p))
+      say(f"compiled at batch {batch}: {_said(p)}, "
+          f"{'fits' if p.fits else 'does NOT fit'} in {cap / GiB:.2f} GiB")
       return p
 
-    if not FLAGS.frontier:
+    if FLAGS.frontier:
+      guess = memory.largest_batch_any_schedule(estimate, cap, step)
+      found = frontier.search(probe, best, guess, step, FLAGS.frontier)
+      out["xla_largest_batch"] = {"largest_fit": found.largest_fit,
+                                  "smallest_over": found.smallest_over,
+                                  "exact": found.exact}
+      say(_frontier_line(found, best, cap))
+    else:
       probe(best)
-      return
-    guess = memory.largest_batch_any_schedule(estimate, cap, step)
-    found = frontier.search(probe, best, guess, step, FLAGS.frontier)
-    print(_frontier_line(found, best, cap))
+  if not text:
+    print(json.dumps(out, indent=1))
 
 
 def _said(p) -> str:

@@ -110,7 +110,8 @@ def render(estimate: memory.MemoryEstimate, header: str,
            host: list[str] = ()) -> str:
   hbm = estimate.hbm_bytes
   pd = estimate.per_device_bytes
-  lines = [header, "", "the step's tensors          GiB   % HBM"]
+  lines = [header, "", "the step's tensors          GiB   "
+           + ("% usable" if budget else "% HBM")]
   lines += [_row(c, pd[c], hbm) for c in ("params", "grads", "optimizer",
                                           "activations")]
   lines += ["  (activations: what the backward keeps, and the batch)"

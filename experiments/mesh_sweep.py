@@ -327,6 +327,7 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   from experiments.sweep_plots import Painters
   from simulator import search
   from simulator.cache import Cache
+  from simulator.timing.roofline import step_time_caveat
 
   results = ResultsFile(os.path.join(run_dir, FILENAME), search.record_key)
   done = results.done()
@@ -362,6 +363,9 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
     text = search.table(ranked)
     why = search.recommendation(ranked, spec.hbm_fraction)
     print(text, file=out)
+    caveat = step_time_caveat(topo.chip.name)
+    if caveat:
+      print(f"note: {caveat}", file=out)
     print(why, file=out)
     tb_dir = tbw.write_sweep(run_dir, ranked, text, why, topo.chip.hbm_bytes,
                              sweep.cache, painters)

@@ -41,6 +41,9 @@ for name, default in (("batch", 4), ("seq", 2048), *_DIMS):
 def main(argv) -> None:
   del argv
   bad = [p for p in FLAGS.pieces if p not in bytes_probe.PIECES]
+  if not FLAGS.pieces:
+    cli.fail(f"--pieces is empty; valid pieces are "
+             f"{', '.join(bytes_probe.PIECES)}")
   if bad:
     cli.fail(f"--pieces={','.join(bad)}: valid pieces are "
              f"{', '.join(bytes_probe.PIECES)}")

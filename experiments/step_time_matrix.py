@@ -24,6 +24,7 @@ flags.DEFINE_string("out", "experiments/step_time.md", "results table (markdown)
 
 def main(argv) -> None:
   del argv
+  cli.check_folder("out", FLAGS.out)
   started = time.perf_counter()
   rows: dict[bool, list] = {False: [], True: []}  # held out or not
   for anchor in (*ANCHORS, *HELD_OUT):

@@ -437,11 +437,7 @@ def _chosen(only: str | None) -> list[int]:
 
 
 def _read_rows(path: str) -> list[dict]:
-  rows = cli.read_kept_rows(path)
-  if not all(isinstance(r, dict) and "config" in r for r in rows):
-    cli.fail(f"--from_jsonl={path!r}: not a --jsonl file of an earlier run "
-             "(each line a JSON object with a 'config')")
-  return rows
+  return cli.read_kept_rows(path, keys=("config",))
 
 
 def _say(message: str) -> None:
@@ -453,6 +449,8 @@ def main(argv):
   from simulator.workers import Pool
   from simulator.xla import crosscheck
   started = time.time()
+  cli.check_folder("out", _out())
+  cli.check_folder("jsonl", FLAGS.jsonl)
   if FLAGS.from_jsonl:
     if FLAGS.jsonl and os.path.abspath(FLAGS.jsonl) == os.path.abspath(
         FLAGS.from_jsonl):

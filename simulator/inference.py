@@ -307,10 +307,14 @@ def recheck(rows: list[dict]) -> list[dict]:
   `inference_report --keep` writes them): per row its plan, its part and,
   per step, the peak's and the arguments' relative errors (`compare`)."""
   out = []
-  for row in rows:
-    plan = plan_mesh(parse_topology(row["topology"]), *row["mesh"])
-    e = inference_report(load_model(row["model"]),
-                         ServeSettings(**row["serve"]), plan)
+  for n, row in enumerate(rows, 1):
+    try:
+      plan = plan_mesh(parse_topology(row["topology"]), *row["mesh"])
+      e = inference_report(load_model(row["model"]),
+                           ServeSettings(**row["serve"]), plan)
+    except (TypeError, ValueError) as err:  # the row's plan, not the user's
+      raise ValueError(f"row {n} ({row['model']} {row['topology']}): "
+                       f"{str(err).splitlines()[0]}") from None
     c = compare(e, row["compiled"])
     out.append({**{k: row[k] for k in ("model", "topology", "mesh", "serve")},
                 "part": row.get("part"),

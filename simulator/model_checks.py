@@ -31,12 +31,13 @@ def check_heads_over_y(cfg: ModelConfig, y: int) -> None:
     return
   groups = cfg.n_heads // cfg.n_kv_heads
   if groups % y:
-    choices = (f"{cfg.n_kv_heads}" if groups == cfg.n_kv_heads else
-               f"{cfg.n_kv_heads} (kv heads sharded) or {groups} (kv heads "
-               f"replicated)")
+    valid = sorted(d for d in range(1, max(cfg.n_kv_heads, groups) + 1)
+                   if cfg.n_kv_heads % d == 0 or groups % d == 0)
     raise PlanError(
         f"Y={y} divides neither the {cfg.n_kv_heads} kv heads nor the "
-        f"{groups} query heads per kv head; choose Y dividing {choices}")
+        f"{groups} query heads per kv head; valid Y: "
+        f"{', '.join(map(str, valid))} (a Y dividing the kv heads shards "
+        "them; one dividing the query heads per kv head replicates them)")
 
 
 def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:

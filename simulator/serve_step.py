@@ -34,12 +34,14 @@ over Y, replicated over Y where Y does not divide them, as in training
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
+from meshes.layout import divisors
 from models import decode
 from models.config import ModelConfig, at_resolution, image_tokens
 from models.params import abstract_params, module_class
@@ -158,11 +160,15 @@ def build_serve_steps(cfg: ModelConfig, serve: ServeSettings, mesh,
   """The prefill and decode steps for `mesh` (abstract or real)."""
   cfg = serve_config(cfg, serve)
   check_serve(cfg, serve)
-  x = dict(mesh.shape).get("X", 1)
+  shape = dict(mesh.shape)
+  x, devices = shape.get("X", 1), math.prod(shape.values())
   if serve.batch % x:
+    meshes = [f"{d}x{devices // d}" for d in divisors(serve.batch)
+              if devices % d == 0]
     raise PlanError(f"batch={serve.batch} must be a positive multiple of "
-                     f"{x} (the sequences and their KV cache are split over "
-                     f"X={x})")
+                    f"{x} (the sequences and their KV cache are split over "
+                    f"X={x}); or a mesh whose X divides it: "
+                    f"{', '.join(meshes)}")
   rules = serve_rules(cfg, mesh, base_rules)
   cfg, vocab_padding = pad_vocab(cfg, rules, mesh)
   model = module_class(cfg)(cfg, rules=rules, attention=serve.attention,

@@ -168,12 +168,14 @@ def pad_vocab(cfg: ModelConfig, rules: AxisRules,
   return dataclasses.replace(cfg, vocab_size=cfg.vocab_size + padding), padding
 
 
-def kv_heads_note(cfg: ModelConfig, y: int) -> str:
-  """What a report says when `kv_heads_replicated`."""
+def kv_heads_note(cfg: ModelConfig, y: int, training: bool = True) -> str:
+  """What a report says when `kv_heads_replicated` (a training report also
+  how their gradients are summed; a serving one, the cache)."""
   return (f"kv heads replicated over Y={y}: Y does not divide the "
           f"{cfg.n_kv_heads} kv head(s), so every Y shard holds all of them "
           f"and {cfg.n_heads // y} of the {cfg.n_heads} query heads (as MaxText"
-          f" does); their gradients are all-reduced over Y")
+          f" does); " + ("their gradients are all-reduced over Y" if training
+                         else "each shard's KV cache holds every kv head too"))
 
 
 def _replicate_kv_heads(rules: AxisRules) -> AxisRules:

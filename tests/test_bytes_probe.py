@@ -31,13 +31,15 @@ def test_bad_pieces_and_targets_are_named():
     bytes_probe.measure("loss", "h100:8")
 
 
-def test_the_command_refuses_a_bad_piece_in_one_line():
+@pytest.mark.parametrize("pieces,message", [
+    ("loss,mlp", "error: --pieces=mlp: valid pieces are loss, flash"),
+    ("", "error: --pieces is empty; valid pieces are loss, flash")])
+def test_the_command_refuses_a_bad_piece_in_one_line(pieces, message):
   p = subprocess.run([sys.executable, "-m", "experiments.probe_bytes",
-                      "--pieces=loss,mlp"], capture_output=True, text=True,
+                      f"--pieces={pieces}"], capture_output=True, text=True,
                      timeout=300)
   assert p.returncode == 2
-  assert p.stderr.strip() == ("error: --pieces=mlp: valid pieces are loss, "
-                              "flash"), p.stderr
+  assert p.stderr.strip() == message, p.stderr
 
 
 def test_a_models_dims_are_its_configs():

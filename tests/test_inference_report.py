@@ -13,8 +13,11 @@ COMMON = dict(model="tiny", topology="v5p-8", mesh="2x2", batch=4, prompt=16,
 
 
 def _run(*args, env: dict | None = None, **flags):
+  """The report with `flags` over COMMON's plan (a --recheck, which takes no
+  plan, without it)."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
-  flags = [f"--{k}={v}" for k, v in {**COMMON, **flags}.items()]
+  plan = {} if "recheck" in flags else COMMON
+  flags = [f"--{k}={v}" for k, v in {**plan, **flags}.items()]
   return subprocess.run([sys.executable, "-m", "experiments.inference_report",
                          *flags, *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=120)
@@ -82,6 +85,8 @@ def test_a_gpu_plan_is_simulated_with_xla_gpus_rules():
      "such file or directory"),
     (dict(recheck="no.jsonl", compile=True), "error: --recheck='no.jsonl' "
      "re-checks kept compiles; drop --compile"),
+    (dict(recheck="no.jsonl", model="tiny", batch=7), "error: --recheck "
+     "re-checks every plan its file keeps; drop --model, --batch"),
 ])
 def test_bad_values_are_one_line_errors(flags, message):
   out = _run(**flags)
@@ -149,3 +154,29 @@ def test_a_maxtext_serving_run_sets_the_lengths_it_names():
   assert (serve["batch"], serve["prompt"], serve["generate"]) == (8, 96, 64)
   assert "-> --prompt=96" in out.stderr
   assert "not used by this experiment: remat_policy=full" in out.stderr
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"a": 1}', "line 1 has no 'model'; give a file of inference_report "
+     "--keep rows"),
+    ("[1, 2]", "line 1 is a JSON list, not an object"),
+    (json.dumps({"model": "no_such_model", "topology": "v5p-8",
+                 "mesh": [2, 2], "serve": {}, "compiled": {}}),
+     "row 1 (no_such_model v5p-8): unknown model 'no_such_model'"),
+])
+def test_a_recheck_file_of_other_rows_names_the_line(tmp_path, line, message):
+  kept = tmp_path / "kept.jsonl"
+  kept.write_text(line + "\n")
+  out = _run(recheck=str(kept))
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+  assert message in out.stderr.strip().splitlines()[-1], out.stderr
+
+
+def test_a_cache_past_the_trained_length_is_noted():
+  """A rotary model runs past the positions it was trained at (tiny's 128)
+  without a refusal; the report says so, and only then."""
+  past = _run(prompt=2048, generate=64, batch=4, mesh="2x2")
+  assert past.returncode == 0, past.stderr
+  assert "note: 2112 positions, past the 128 tiny was trained at" in (
+      past.stdout)
+  assert "note:" not in _run().stdout

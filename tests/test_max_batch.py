@@ -1,5 +1,6 @@
 """simulator.memory.largest_batch and experiments.max_batch."""
 
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,18 @@ def test_the_experiment_says_it_in_one_line():
   assert bad.returncode == 2 and bad.stderr.strip() == (
       "error: hbm_fraction=1.5 must be in (0, 1] (the share of the capacity "
       "the peak may use; the playbook keeps 15-20% free: 0.85)")
+
+
+def test_json_says_the_same_answer():
+  """--format=json: the batch the text names, its peak within the budget,
+  the next batch's over it."""
+  text = _run("--mesh=2x2", "--seq=64").stdout.split()
+  out = _run("--mesh=2x2", "--seq=64", "--format=json")
+  assert out.returncode == 0, out.stderr
+  r = json.loads(out.stdout)
+  assert r["largest_batch"] == int(text[text.index("sequences") - 1])
+  assert r["peak_bytes"] <= r["budget_bytes"] < r["next_batch_peak_bytes"]
+  assert r["largest_batch"] % r["batch_step"] == 0 and "compiles" not in r
 
 
 def test_the_frontier_compiles_from_the_simulations_answer():

@@ -50,9 +50,11 @@ def test_y_divides_the_kv_heads_or_the_query_heads_per_kv_head():
   gemma = load_model("models/configs/gemma-2b.json")
   check_heads_over_y(gemma, 4)
   assert kv_heads_replicated(gemma, 4)
-  with pytest.raises(PlanError, match="choose Y dividing 1 .kv heads sharded. "
-                     "or 8 .kv heads replicated."):
+  with pytest.raises(PlanError, match="nor the 8 query heads per kv head; "
+                     "valid Y: 1, 2, 4, 8 "):
     check_heads_over_y(gemma, 16)
+  with pytest.raises(PlanError, match="valid Y: 1, 2, 4, 8 "):
+    check_heads_over_y(load_model("llama3_8b"), 16)  # 8 kv heads of 4
 
 
 def test_pipeline_stages_divide_the_layers_of_a_dense_decoder():

@@ -2,6 +2,8 @@
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -102,3 +104,14 @@ def test_the_docs_table_is_what_the_model_predicts():
   assert table(text) == table(kept)
   summary = lambda t: re.sub(r"Run time \d+ s\.", "", t.split("\n\n")[2])
   assert summary(text) == summary(kept)
+
+
+def test_an_out_file_in_no_folder_is_refused_before_the_run(tmp_path):
+  out = tmp_path / "no" / "step_time.md"
+  p = subprocess.run([sys.executable, "-m", "experiments.step_time_matrix",
+                      f"--out={out}"], cwd=ROOT, capture_output=True,
+                     text=True, timeout=120)
+  assert p.returncode == 2 and p.stdout == "", p.stdout  # no anchor run
+  assert p.stderr.strip() == (f"error: --out='{out}': no folder "
+                              f"'{out.parent}'; give a file in an existing "
+                              "folder")

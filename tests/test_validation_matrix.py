@@ -240,7 +240,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
   empty.write_text("")
   for args, message in (
       (["--only=3,x"], "'x' is not a config index; valid: 0 to"),
-      ([f"--from_jsonl={bad}"], "not a --jsonl file of an earlier run"),
+      ([f"--from_jsonl={bad}"], "line 1 has no 'config'; give a --jsonl file "
+       "of an earlier run"),
       ([f"--from_jsonl={empty}"], "holds no rows"),
       ([f"--from_jsonl={bad}", f"--jsonl={bad}"], "is the --from_jsonl file")):
     proc = subprocess.run(
