@@ -152,6 +152,7 @@ def run_dir_for(logdir: str, name: str, resume: bool) -> str:
 
 
 RUN_SETTINGS = "run.json"  # what a run's results depend on, for --resume
+_POOL = "memory_fraction"  # run.json's key for a GPU's allocator pool share
 _IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
              "precision", "grad_accum", "lora_rank", "lora_targets",
              "base_quant", "offload", "moe_dispatch", "capacity_factor",
@@ -163,6 +164,8 @@ _IDENTITY = ("model", "topology", "seq", "target_seq", "attention",
 def check_run_settings(run_dir: str, spec) -> None:
   """A new run records the settings its results depend on; a resumed one
   must have the same, or its old results would be reported as the new."""
+  from meshes.topology import parse_topology
+  from simulator.memory import capacity
   from simulator.search import SweepSpec
   path = os.path.join(run_dir, RUN_SETTINGS)
   as_json = lambda d: json.loads(json.dumps(d))  # tuples as lists
@@ -170,6 +173,12 @@ def check_run_settings(run_dir: str, spec) -> None:
   defaults = as_json({f.name: f.default for f in dataclasses.fields(SweepSpec)
                       if f.name in _IDENTITY
                       and f.default is not dataclasses.MISSING})
+  # On a GPU what fits turns on the allocator pool's share of the device
+  # (XLA_PYTHON_CLIENT_MEM_FRACTION); a run from before it was recorded ran
+  # at JAX's default.
+  gpu = parse_topology(spec.topology).chip.kind == "gpu"
+  mine[_POOL] = capacity.mem_fraction() if gpu else None
+  defaults[_POOL] = capacity.DEFAULT_FRACTION if gpu else None
   if not os.path.exists(path):
     with open(path, "w") as f:
       json.dump(mine, f, indent=1)
@@ -184,12 +193,14 @@ def check_run_settings(run_dir: str, spec) -> None:
     raise ValueError(f"--resume: {path} is not the JSON a run writes (a "
                      f"{type(theirs).__name__}); start a new run (without "
                      "--resume)")
-  for k in _IDENTITY:  # a run from before a setting existed had its default
+  for k in (*_IDENTITY, _POOL):  # from before a setting existed: its default
     if theirs.get(k, defaults.get(k)) != mine[k]:
+      what = (capacity.FRACTION_ENV if k == _POOL else f"--{k}")
       raise ValueError(
-          f"--resume: {run_dir} was made with --{k}={theirs.get(k)}, this "
-          f"command has --{k}={mine[k]}; resume with the same value or start "
-          "a new run (without --resume)")
+          f"--resume: {run_dir} was made with {what}="
+          f"{theirs.get(k, defaults.get(k))}, this command has {what}="
+          f"{mine[k]}; resume with the same value or start a new run "
+          "(without --resume)")
 
 
 @contextlib.contextmanager

@@ -343,3 +343,18 @@ def test_a_logdir_no_run_can_be_made_in_names_the_flag(tmp_path):
   with pytest.raises(ValueError, match=r"--logdir=.*/file/runs: Not a "
                      r"directory .*; give a folder a run can be made in"):
     mesh_sweep.run_dir_for(str(blocker / "runs"), "t", resume=False)
+
+
+def test_resume_at_another_gpu_pool_share_is_refused(tmp_path, monkeypatch):
+  """What fits on a GPU turns on XLA_PYTHON_CLIENT_MEM_FRACTION: a resume
+  at another share would mix verdicts in one run's results."""
+  spec = search.SweepSpec(model="tiny", topology="h100:8", batches=(8,))
+  run_dir = tmp_path / "t"
+  run_dir.mkdir()
+  mesh_sweep.check_run_settings(str(run_dir), spec)  # JAX's default, 0.75
+  mesh_sweep.check_run_settings(str(run_dir), spec)
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+  with pytest.raises(ValueError, match="made with XLA_PYTHON_CLIENT_MEM_"
+                     "FRACTION=0.75, this command has XLA_PYTHON_CLIENT_MEM_"
+                     "FRACTION=0.9"):
+    mesh_sweep.check_run_settings(str(run_dir), spec)
