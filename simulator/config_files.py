@@ -149,6 +149,7 @@ def _deepspeed(data: dict, devices: int) -> ConfigRun:
              and ((zero[k] or {}).get("device") or "none") != "none"]
   enabled = {k: (data.get(k) or {}).get("enabled") for k in ("bf16", "fp16")}
   m.auto.extend(f"{k}.enabled" for k, v in enabled.items() if v == "auto")
+  m.used.update(k for k, v in enabled.items() if v == "auto")  # named so
   half = [k for k, v in enabled.items() if v is True]
   _one_half_precision(half)
   if "auto" not in enabled.values():
