@@ -305,11 +305,15 @@ def _set(values: dict, mapping, ignored, source: str, explicit_wins: bool
   """Set the flags `values` names (by an experiment's own name for them);
   print the mapping and what was ignored to stderr."""
   f = flags.FLAGS
-  known = lambda name: name in f or _PLURAL.get(name) in f
-  unused = [m.split(" -> ")[0] for m in mapping
-            if not known(m.rsplit(" -> --", 1)[-1].split("=")[0])]
-  lines = [f"{source}: {m}" for m in mapping
-           if m.split(" -> ")[0] not in unused]
+
+  def used(line: str) -> bool:
+    """Whether this experiment has the flag a "why -> --flag=value" line
+    sets."""
+    name = line.rsplit(" -> --", 1)[-1].split("=")[0]
+    return name in f or _PLURAL.get(name) in f
+
+  lines = [f"{source}: {m}" for m in mapping if used(m)]
+  unused = [m.split(" -> ")[0] for m in mapping if not used(m)]
   for name, value in values.items():
     flag = name if name in f else _PLURAL.get(name)
     if flag not in f:

@@ -55,7 +55,7 @@ def _rnd(x):
 def _batch_shards(plan, settings) -> int:
   """What the global batch must be a multiple of on `plan`: its data
   shards (X, and D replicas) times the micro-batches of a step."""
-  return plan.X * plan.D * settings.grad_accum * settings.microbatches
+  return plan.X * plan.D * settings.batch_splits
 
 
 def main(argv):
@@ -160,9 +160,8 @@ def main(argv):
         f"bind them, T_mm_hbm_s; MFU_bound: the roofline's, without both; "
         f"tok/dev, tok_global: the compute-bound threshold, tokens per device "
         f"and per step, inf where communication binds at any batch)")
-  caveat = R.step_time_caveat(topo.chip.name)
-  if caveat:
-    print(f"note: {caveat}")
+  if out["step_time_caveat"]:
+    print(f"note: {out['step_time_caveat']}")
   hdr = ("X", "Y", "M_X", "M_Y", "tok/dev", "tok_global", "T_math_s", "T_comm_s",
          "exposed_s", "step_s", "MFU", "MFU_bound", "T_hbm_s",
          "T_mm_hbm_s")

@@ -176,9 +176,10 @@ def check_run_settings(run_dir: str, spec) -> None:
   # On a GPU what fits turns on the allocator pool's share of the device
   # (XLA_PYTHON_CLIENT_MEM_FRACTION); a run from before it was recorded ran
   # at JAX's default.
-  gpu = parse_topology(spec.topology).chip.kind == "gpu"
-  mine[_POOL] = capacity.mem_fraction() if gpu else None
-  defaults[_POOL] = capacity.DEFAULT_FRACTION if gpu else None
+  topology = parse_topology(spec.topology)
+  mine[_POOL] = capacity.pool_share(topology)
+  defaults[_POOL] = (capacity.DEFAULT_FRACTION if mine[_POOL] is not None
+                     else None)
   if not os.path.exists(path):
     with open(path, "w") as f:
       json.dump(mine, f, indent=1)

@@ -277,12 +277,13 @@ def _row(i: int, r: dict) -> list[str]:
   c = r["config"]
   stale = " (program changed)" if r.get("program") == "changed" else ""
   settings = _settings(c)
-  if (r.get("compiled") or {}).get("workaround"):  # compiled.CUBLAS_GEMMS
-    settings = (settings if settings != "-" else "") + (
-        f" (compiled with {r['compiled']['workaround']})")
+  workaround = (r.get("compiled") or {}).get("workaround")
+  if workaround:  # compiled.CUBLAS_GEMMS
+    settings = (("" if settings == "-" else settings + " ")
+                + f"(compiled with {workaround})")
   pre = [str(c.get("index", i)), c["model"].split("/")[-1], _part(r) + stale,
          c["topology"], c["mesh"], str(c["batch"]), str(c["seq"]),
-         c["remat"], c["optimizer"], settings.strip()]
+         c["remat"], c["optimizer"], settings]
   g = lambda b: f"{b / GiB:.3f}"
   if "oom_relative_error" in r:
     verdict = "does not fit" if not r["symbolic_fits"] else "FITS (wrong)"

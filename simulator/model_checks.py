@@ -5,6 +5,7 @@ cache checks its flags without importing jax (simulator.search)."""
 
 from __future__ import annotations
 
+from meshes.layout import divisors
 from models.config import (FLASH_BLOCK, GATED_MLPS, ModelConfig,
                            at_resolution, image_tokens)
 from simulator.settings import TrainSettings
@@ -31,8 +32,7 @@ def check_heads_over_y(cfg: ModelConfig, y: int) -> None:
     return
   groups = cfg.n_heads // cfg.n_kv_heads
   if groups % y:
-    valid = sorted(d for d in range(1, max(cfg.n_kv_heads, groups) + 1)
-                   if cfg.n_kv_heads % d == 0 or groups % d == 0)
+    valid = sorted(set(divisors(cfg.n_kv_heads)) | set(divisors(groups)))
     raise PlanError(
         f"Y={y} divides neither the {cfg.n_kv_heads} kv heads nor the "
         f"{groups} query heads per kv head; valid Y: "
@@ -53,9 +53,9 @@ def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
     raise ValueError(f"pp={pp}: {cfg.name} is {kind}; pipeline stages are "
                      "built for decoder-only dense models (e.g. llama2_7b)")
   if cfg.n_layers % pp:
-    divisors = [d for d in range(1, cfg.n_layers + 1) if cfg.n_layers % d == 0]
     raise ValueError(f"pp={pp} does not divide {cfg.name}'s {cfg.n_layers} "
-                     f"layers; valid: {', '.join(map(str, divisors))}")
+                     f"layers; valid: "
+                     f"{', '.join(map(str, divisors(cfg.n_layers)))}")
 
 
 def with_images(cfg: ModelConfig, settings: TrainSettings) -> ModelConfig:

@@ -38,7 +38,7 @@ from models.config import ModelConfig
 from models.registry import load_model
 from simulator.cache import Cache
 from simulator.memory.capacity import (HBM_FRACTION, capacity_bytes,
-                                       check_hbm_fraction, mem_fraction)
+                                       check_hbm_fraction, pool_share)
 from simulator.model_checks import (PlanError, check_heads_over_y,
                                      check_model_settings, check_pipeline,
                                      check_seq, with_images)
@@ -134,8 +134,7 @@ class SweepSpec:
         raise ValueError(f"{name}: {twice[0]} is given twice; give each "
                          "value once")
     check_hbm_fraction(self.hbm_fraction)
-    if topo.chip.kind == "gpu":
-      mem_fraction()  # the allocator pool's share, from the environment
+    pool_share(topo)  # a GPU's allocator pool share, from the environment
     for b in self.batches:
       if not isinstance(b, int) or b <= 0:
         raise ValueError(f"batch {b!r} must be a positive integer")
@@ -249,7 +248,7 @@ class Sweep:
     # records' verdicts and the groups' estimates hold.
     self._key_parts = dict(
         model=dataclasses.asdict(cfg), topology=topo.name,
-        memory_fraction=mem_fraction() if topo.chip.kind == "gpu" else None,
+        memory_fraction=pool_share(topo),
         spec={k: v for k, v in dataclasses.asdict(spec).items() if k not in (
             "batches", "remats", "shards", "optimizers", "meshes")})
 

@@ -121,6 +121,12 @@ def mem_fraction() -> float:
   return value
 
 
+def pool_share(topology) -> float | None:
+  """The allocator pool's share on a GPU topology (`mem_fraction`), None on
+  a TPU: what a plan's verdict turns on beside the plan itself."""
+  return mem_fraction() if topology.chip.kind == "gpu" else None
+
+
 def device_memory(chip_name: str) -> int:
   """The bytes the driver reports for the GPU: XLA's target config, or what
   a lent device of the chip reported where that is less.
