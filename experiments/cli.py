@@ -216,7 +216,8 @@ def define_finetune_flags() -> None:
   d = S.TrainSettings()
   flags.DEFINE_string("config", None, "a DeepSpeed JSON, Hugging Face "
                       "TrainingArguments JSON (PEFT's lora_r, target_modules "
-                      "too) or LLaMA-Factory YAML: sets the run flags it "
+                      "too), LLaMA-Factory YAML or axolotl YAML (their "
+                      "deepspeed: file read too): sets the run flags it "
                       "says (flags given explicitly win), prints the mapping "
                       "and the keys it ignores; devices: --mesh's X, else "
                       "every chip")
@@ -351,11 +352,14 @@ def _apply_maxtext() -> None:
   text = f.maxtext
   if text.startswith("@"):
     try:
-      with open(text[1:]) as fh:
+      with open(text[1:], encoding="utf-8") as fh:
         text = fh.read()
     except OSError as e:
       raise ValueError(f"--maxtext={text}: {e.strerror or e}; give "
                        f"@FILE of key=value overrides") from None
+    except UnicodeDecodeError as e:
+      raise ValueError(f"--maxtext={text}: not UTF-8 text (byte {e.start})"
+                       ) from None
   topology = parse_topology(f.topology)
   run = maxtext_run(text, topology.chips, topology.hosts,
                     serving="prompt" in f)
@@ -390,6 +394,12 @@ def _parse(argv: list[str]) -> list[str]:
   try:
     given = [name for name in ("maxtext", "config")
              if name in flags.FLAGS and flags.FLAGS[name].value]
+    empty = [name for name in ("maxtext", "config") if name in flags.FLAGS
+             and flags.FLAGS[name].present and not flags.FLAGS[name].value]
+    if empty:
+      raise ValueError(f"--{empty[0]} is given empty; give "
+                       + ("MaxText's key=value overrides or @FILE"
+                          if empty[0] == "maxtext" else "a config file"))
     if len(given) == 2:
       raise ValueError(f"--maxtext and --config={flags.FLAGS.config} both "
                        "describe the run; give one")
@@ -397,7 +407,7 @@ def _parse(argv: list[str]) -> list[str]:
       _apply_maxtext()
     if "config" in flags.FLAGS and flags.FLAGS.config:
       _apply_config()
-  except (ValueError, OSError) as e:
+  except (ValueError, OSError, flags.Error) as e:
     fail(str(e).splitlines()[0])
   return rest
 
@@ -439,11 +449,25 @@ def run(main: Callable[[list[str]], None]) -> None:
       gc.freeze()
     except ValueError as e:
       fail(str(e).splitlines()[0])
+    except OverflowError as e:  # sizes past what int64 arithmetic holds
+      fail(f"{str(e).splitlines()[0]}: the model or plan is too large to "
+           "simulate")
     except OSError as e:  # a full disk, an unwritable folder: nothing torn
       where = f" ({e.filename})" if e.filename else ""
       fail(f"{e.strerror or e}{where}; what was written before is intact")
 
+  _key_flags_in_help()
   app.run(guarded, flags_parser=_parse)
+
+
+def _key_flags_in_help() -> None:
+  """--help lists the main module's key flags: the flags this module
+  defines for the experiments (--model, --topology, --batch, ...) are made
+  the main module's too, so --help shows them (--helpfull lists absl's
+  own as well). absl names the __main__ module by sys.argv[0]."""
+  f = flags.FLAGS
+  for flag in f.get_key_flags_for_module(__name__):
+    f.register_key_flag_for_module(sys.argv[0], flag)
 
 
 def model_and_plan():

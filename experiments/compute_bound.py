@@ -184,8 +184,8 @@ def main(argv):
   if unsplit:
     print(f"batch {settings.batch} does not split over X on "
           f"{', '.join(unsplit)} (each micro-batch is split over X): their "
-          f"step and MFU are those of {tokens:.0f} tokens in a batch that "
-          f"would")
+          f"step and MFU are those of {tokens:.0f} tokens as if the batch "
+          f"split over X; give a batch X divides for a plan that runs")
   hosted = [m for m in meshes if m.get("t_host_s")]
   if hosted:
     print(f"copies between host memory and HBM (offload) over the host link, "

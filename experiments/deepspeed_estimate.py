@@ -56,6 +56,8 @@ def main(argv) -> None:
     raise ValueError("give --model or --total_params")
   if total <= 0:
     raise ValueError(f"--total_params={FLAGS.total_params} must be positive")
+  print("DeepSpeed's estimator as it prints (its GB is 2^30 bytes, GiB; its "
+        "MB 2^20, MiB):")
   print(formulas.deepspeed_table(stage, total, largest,
                                  FLAGS.num_gpus_per_node, FLAGS.num_nodes,
                                  current=FLAGS.formula == "current"))

@@ -9,8 +9,9 @@ The bare command sweeps seed 004's XXL FFN stack (220B params, two linears per
 block) on v5p-128 (64 chips) at 256-token sequences and 32..512 sequences per
 step: it is the model the seed works by hand, so the table can be held against
 its numbers (FSDP alone is comm-bound below ~25k tokens; the optimum puts Y ≈ 8);
-its AdamW state alone needs ~55 GB per chip, so HBM binds as well; and the batch
-range spans the compute-bound threshold, so the MFU heatmap shows the crossover.
+its model state (f32 params, grads, AdamW moments: 16 bytes a parameter) alone
+is 51.2 GiB per chip, so HBM binds as well; and the batch range spans the
+compute-bound threshold, so the MFU heatmap shows the crossover.
 
 Outputs, in a new folder LOGDIR/RUN (RUN-2, ... if it exists): results.jsonl, and
 TensorBoard events (hparams sessions, scalars over batch per mesh, the ranked table
@@ -249,7 +250,9 @@ def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = Fal
   from simulator.sweep_workers import check_trace_workers
   trace_workers = check_trace_workers(trace_workers)
   cfg, topo = spec.validate()
-  run_dir = run_dir_for(logdir, run_name or f"{spec.model}-{spec.topology}", resume)
+  # named by the model's own name: a config.json's path stays out of it
+  run_dir = run_dir_for(logdir, run_name or f"{cfg.name}-{spec.topology}",
+                        resume)
   with run_lock(run_dir):
     check_run_settings(run_dir, spec)
     try:
@@ -400,9 +403,14 @@ def main(argv) -> None:
     run = run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume,
                     FLAGS.top_k, FLAGS.progress, out=io.StringIO(), **common)
     print(json.dumps(run.to_json(), default=str))
-    return
-  run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume, FLAGS.top_k,
-            FLAGS.progress, **common)
+  else:
+    run = run_sweep(spec, FLAGS.logdir, FLAGS.run_name, FLAGS.resume,
+                    FLAGS.top_k, FLAGS.progress, **common)
+  failed = [r for r in run.ranked if r.get("status") == "failed"]
+  if failed and len(failed) == len(run.ranked):  # nothing to choose from
+    cli.fail(f"no config could be evaluated ({len(failed)} failed; each "
+             f"one's error is in {run.results_path}); the first: "
+             f"{failed[0].get('error')}")
 
 
 if __name__ == "__main__":

@@ -458,7 +458,15 @@ def main(argv):
       cli.fail(f"--jsonl={FLAGS.jsonl!r} is the --from_jsonl file; give "
                "another file for the re-checked rows (the kept one stays)")
     kept = _read_rows(FLAGS.from_jsonl)
+    if FLAGS.only:  # those rows of the kept corpus
+      chosen = set(_chosen(FLAGS.only))
+      kept = [r for r in kept if r["config"].get("index") in chosen]
+      if not kept:
+        cli.fail(f"--only={FLAGS.only!r}: no row of {FLAGS.from_jsonl} has "
+                 "those indices")
     pool = Pool(FLAGS.workers, FLAGS.ray_address)
+    _say(f"re-checking {len(kept)} kept rows {pool.where} (each traced "
+         "twice, 1-3 s a row on 2 cores)")
     try:  # each row traced twice (~2 s on 2 cores): in parallel
       rows = sorted((future.result() for _, future in pool.as_completed(
           crosscheck.recheck, ((r,) for r in kept))),

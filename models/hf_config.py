@@ -71,6 +71,15 @@ def _positive_number(raw: dict, key: str, path: str) -> None:
                      "number")
 
 
+def _flag(raw: dict, key: str, default: bool, path: str) -> bool:
+  """A true/false key; a string such as "false" is refused, not read as
+  true."""
+  value = raw.get(key, default)
+  if not isinstance(value, bool):
+    raise ValueError(f"{path}: {key}={value!r} must be true or false")
+  return value
+
+
 def _t5(raw: dict, path: str) -> ModelConfig:
   """A T5 config.json (HF T5Config's keys and defaults): v1.0 (t5-large)
   or v1.1 (feed_forward_proj "gated-gelu", tie_word_embeddings false)."""
@@ -95,7 +104,7 @@ def _t5(raw: dict, path: str) -> ModelConfig:
       norm="rms",
       positions="relative",
       mlp=T5_MLPS[proj],
-      tie_embeddings=bool(raw.get("tie_word_embeddings", True)),
+      tie_embeddings=_flag(raw, "tie_word_embeddings", True, path),
       norm_eps=float(raw.get("layer_norm_epsilon") or 1e-6),
       relative_buckets=raw.get("relative_attention_num_buckets", 32),
       relative_max_distance=raw.get("relative_attention_max_distance", 128),
@@ -141,6 +150,13 @@ def _decoder(raw: dict, family: str, path: str) -> ModelConfig:
     raise ValueError(f"{path}: hidden_size={d_model} is not a multiple of "
                      f"num_attention_heads={n_heads}; give head_dim")
   head_dim = raw.get("head_dim") or d_model // n_heads
+  if head_dim % 2:  # rotary embeddings rotate pairs of a head's features
+    raise ValueError(f"{path}: head_dim={head_dim}"
+                     + ("" if raw.get("head_dim") else
+                        f" (hidden_size={d_model} / num_attention_heads="
+                        f"{n_heads})")
+                     + " is odd; rotary position embeddings need an even "
+                     "head_dim")
   kv = raw.get("num_key_value_heads", n_heads)
   if isinstance(kv, int) and kv > 0 and n_heads % kv:
     divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
@@ -163,8 +179,9 @@ def _decoder(raw: dict, family: str, path: str) -> ModelConfig:
       norm="rms",
       positions="rope",
       mlp="geglu" if gemma else "swiglu",
-      tie_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
-      qkv_bias=family in ("qwen2", "qwen2_moe") or bool(raw.get("attention_bias", False)),
+      tie_embeddings=_flag(raw, "tie_word_embeddings", gemma, path),
+      qkv_bias=(family in ("qwen2", "qwen2_moe")
+                or _flag(raw, "attention_bias", False, path)),
       bias=False,
       norm_eps=float(raw.get("rms_norm_eps") or 1e-6),
       rope_theta=float(raw.get("rope_theta") or 10000.0),
@@ -243,9 +260,7 @@ def _moe_fields(raw: dict, family: str, path: str) -> dict:
           and 0 <= shared < 2**31):
     raise ValueError(f"{path}: shared_expert_intermediate_size={shared!r} "
                      "must be an integer >= 0")
-  norm = raw.get("norm_topk_prob", False)
-  if not isinstance(norm, bool):
-    raise ValueError(f"{path}: norm_topk_prob={norm!r} must be true or false")
+  norm = _flag(raw, "norm_topk_prob", False, path)
   return dict(n_experts=get("num_experts"),
               experts_per_token=get("num_experts_per_tok"),
               expert_d_ff=get("moe_intermediate_size"),

@@ -275,11 +275,20 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
   name, why, cfg = _model(o)
   if _config(name, cfg) is None:
     from models.registry import load_model  # registry imports this module
-    load_model(name)  # an unknown name: ValueError, with the valid ones
+    try:
+      load_model(name)  # an unknown name: ValueError, with the valid ones
+    except ValueError as e:
+      raise ValueError(f"MaxText {why}: {e}") from None
   put("model", name, why)
-  per_device = _int(o, "per_device_batch_size", 12)
-  put("batch", per_device * chips,
-      f"per_device_batch_size={per_device} ({per_device} x {chips} chips)")
+  per_device = _float(o, "per_device_batch_size") if (
+      "per_device_batch_size" in o) else 12
+  batch = per_device * chips  # MaxText's global batch: may be fractional
+  if not (math.isfinite(batch) and batch > 0 and batch == int(batch)):
+    raise ValueError(f"MaxText per_device_batch_size={per_device:g} x {chips} "
+                     f"chips = {batch:g} is not a whole positive number of "
+                     "sequences")
+  put("batch", int(batch),
+      f"per_device_batch_size={per_device:g} ({per_device:g} x {chips} chips)")
   target = _int(o, "max_target_length", 2048)
   given_target = (f"max_target_length="
                   f"{o.get('max_target_length', '2048 (default)')}")
@@ -328,9 +337,15 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
     raise ValueError(f"MaxText attention={attention!r}; valid here: "
                      f"{', '.join(kernels)}")
   put("attention", kernels[attention], f"attention={attention}")
-  weight_dtype = o.get("weight_dtype", "float32")
+  weight_dtype, dtype = o.get("weight_dtype", "float32"), o.get(
+      "dtype", "bfloat16")
+  if weight_dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"MaxText weight_dtype={weight_dtype!r}; valid here: "
+                     "float32, bfloat16")
+  if dtype != "bfloat16":  # the activations' dtype: bf16 in every plan here
+    raise ValueError(f"MaxText dtype={dtype!r}; valid here: bfloat16")
   put("precision", "mixed" if weight_dtype == "float32" else "bf16",
-      f"weight_dtype={weight_dtype} dtype={o.get('dtype', 'bfloat16')}")
+      f"weight_dtype={weight_dtype} dtype={dtype}")
   opt = o.get("opt_type", "adamw")
   if opt not in _OPTIMIZERS:
     raise ValueError(f"MaxText opt_type={opt!r}; valid here: "

@@ -1,5 +1,10 @@
 """experiments.cli: what every entry point shares."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from experiments import cli
@@ -23,3 +28,42 @@ def test_a_compiler_failure_is_one_line(capsys):
   err = capsys.readouterr().err
   assert err == ("error: XLA could not compile the step for h100:8: "
                  "INTERNAL: no kernel\n")
+
+
+def _run(module, *args):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *args],
+                        cwd=root, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_the_shared_flags():
+  """--help shows the flags every experiment shares (defined here), not
+  only the entry point's own."""
+  out = _run("memory_report", "--help").stdout
+  for flag in ("--model:", "--topology:", "--batch:", "--seq:", "--config:"):
+    assert flag in out, flag
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--maxtext="], "error: --maxtext is given empty; give MaxText's "
+     "key=value overrides or @FILE"),
+    (["--config="], "error: --config is given empty; give a config file"),
+])
+def test_an_empty_run_description_is_refused(args, message):
+  p = _run("memory_report", "--topology=v5p-8", *args)
+  assert p.returncode == 2 and p.stderr.strip() == message
+
+
+def test_a_model_too_large_for_int64_is_one_line(tmp_path):
+  """Sizes each below 2**31 whose products overflow: one line, exit 2."""
+  path = tmp_path / "huge.json"
+  path.write_text(json.dumps({
+      "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+      "num_attention_heads": 32, "num_hidden_layers": 2**31 - 1,
+      "vocab_size": 32000}))
+  p = _run("memory_report", "--topology=v5p-8", "--batch=8", "--seq=1024",
+           f"--model={path}")
+  assert p.returncode == 2 and "Traceback" not in p.stderr
+  assert p.stderr.strip().endswith("the model or plan is too large to "
+                                   "simulate")

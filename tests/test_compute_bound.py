@@ -90,6 +90,8 @@ def test_meshes_the_batch_does_not_split_over_are_named():
              if "error" not in m)
   text = _run("--model=tiny", "--topology=v5p-16", "--batch=3", "--seq=64")
   assert "batch 3 does not split over X on 4x2, 8x1 (" in text.stdout
+  assert ("as if the batch split over X; give a batch X divides for a plan "
+          "that runs\n") in text.stdout  # the sentence ends
 
 
 def test_a_chip_whose_published_runs_it_misses_carries_a_caveat():

@@ -109,6 +109,15 @@ def test_bad_t5_configs_name_the_problem(tmp_path, raw, message):
     ({**LLAMA2_7B, "num_hidden_layers": True}, "num_hidden_layers=True must"),
     ({**LLAMA2_7B, "intermediate_size": "big"}, "intermediate_size='big'"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    # a string is not a boolean ("false" would read as true)
+    ({**LLAMA2_7B, "tie_word_embeddings": "false"},
+     "tie_word_embeddings='false' must be true or false"),
+    ({**LLAMA2_7B, "attention_bias": "false"},
+     "attention_bias='false' must be true or false"),
+    # rotary embeddings rotate pairs of features
+    ({**LLAMA2_7B, "hidden_size": 4000}, "head_dim=125 (hidden_size=4000 / "
+     "num_attention_heads=32) is odd"),
+    ({**LLAMA2_7B, "head_dim": 127}, "head_dim=127 is odd"),
     (b"\xff\xfe{}", "not UTF-8 text"),
 ])
 def test_bad_configs_name_the_problem(tmp_path, raw, message):

@@ -153,7 +153,15 @@ def test_the_data_axis_is_replicas_and_fsdp_is_x(text, slices, mesh, dp):
     ("ici_fsdp_parallelism=2 ici_fsdp_transpose_parallelism=2", "is not 64"),
     ("ici_fsdp_parallelism=-1 ici_fsdp_transpose_parallelism=-1", "one of them may be -1"),
     ("remat_policy=everything", "remat_policy='everything'"),
-    ("per_device_batch_size=two", "must be an integer"),
+    ("per_device_batch_size=two", "must be a number"),
+    ("per_device_batch_size=0.01", "per_device_batch_size=0.01 x 64 chips = "
+     "0.64 is not a whole positive number"),
+    ("per_device_batch_size=nan", "is not a whole positive number"),
+    ("model_name=gemma-2b", "MaxText model_name=gemma-2b: unknown model "
+     "'gemma_2b'"),
+    ("weight_dtype=float99", "weight_dtype='float99'; valid here: float32, "
+     "bfloat16"),
+    ("dtype=float32", "dtype='float32'; valid here: bfloat16"),
     ("just_a_word", "is not key=value"),
     ("", "no key=value"),
     # remat_policy=custom: what this project saves or offloads as one.
@@ -230,3 +238,13 @@ def test_capacity_factor_maps_or_is_named(extra, flag, unexpressed):
   run = maxtext.maxtext_run(f"model_name=mixtral-8x7b {extra}", chips=64)
   assert run.flags.get("capacity_factor") == flag
   assert run.unexpressed == unexpressed
+
+
+def test_a_fractional_per_device_batch_is_a_whole_global_batch():
+  """MaxText's per_device_batch_size may be fractional where the global
+  batch (it times the chips) is whole."""
+  run = maxtext.maxtext_run("model_name=llama2-70b per_device_batch_size=0.5",
+                            chips=64)
+  assert run.flags["batch"] == "32"
+  assert "per_device_batch_size=0.5 (0.5 x 64 chips) -> --batch=32" in (
+      run.mapping)

@@ -358,3 +358,27 @@ def test_resume_at_another_gpu_pool_share_is_refused(tmp_path, monkeypatch):
                      "FRACTION=0.75, this command has XLA_PYTHON_CLIENT_MEM_"
                      "FRACTION=0.9"):
     mesh_sweep.check_run_settings(str(run_dir), spec)
+
+
+def test_a_config_json_sweep_runs_under_logdir_and_nothing_evaluated_is_an_error(
+    tmp_path):
+  """--model=PATH names the run by the model (the config's file name), under
+  --logdir, not beside the config; a sweep where no plan could be evaluated
+  (here every mesh of v5p-8 refused: 3 heads on Y=2 or 4, batch 3 on X=2 or
+  4) says so and exits 2, its rows kept."""
+  model = tmp_path / "models" / "three_heads.json"
+  model.parent.mkdir()
+  model.write_text(json.dumps({
+      "model_type": "llama", "hidden_size": 6, "intermediate_size": 8,
+      "num_attention_heads": 3, "num_hidden_layers": 1, "vocab_size": 16}))
+  logdir = tmp_path / "runs"
+  p = _cli(f"--model={model}", "--topology=v5p-8", "--batches=3", "--seq=16",
+           "--top_k=0", f"--logdir={logdir}", "--cache_dir=", "--noprogress")
+  assert p.returncode == 2, p.stderr
+  assert p.stderr.strip().splitlines()[-1].startswith(
+      "error: no config could be evaluated (3 failed; each one's error is in "
+      f"{logdir}/three_heads-v5p-8/results.jsonl); the first: ")
+  assert "Traceback" not in p.stderr
+  assert sorted(os.listdir(model.parent)) == ["three_heads.json"]
+  assert len((logdir / "three_heads-v5p-8" / "results.jsonl").read_text()
+             .splitlines()) == 3

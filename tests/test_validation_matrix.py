@@ -230,6 +230,16 @@ def test_from_jsonl_rechecks_and_rewrites_the_table(tmp_path):
   assert row0 in text and row1 in text
   assert text.index(row0) < text.index(row1)  # in case order, not the file's
   assert "- **copied cast weights**: " in out.read_text()  # the rule list
+  # --only: those kept rows
+  one = tmp_path / "v1.jsonl"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.validation_matrix",
+       f"--from_jsonl={src}", f"--out={tmp_path / 'v1.md'}", "--only=1",
+       f"--jsonl={one}"], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "re-checking 1 kept rows" in proc.stderr
+  assert [json.loads(l)["config"]["index"]
+          for l in one.read_text().splitlines()] == [1]
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):

@@ -46,8 +46,8 @@ class PieceBytes:
   def line(self) -> str:
     return (f"{self.piece}: XLA's bytes accessed {self.xla_bytes / 1e9:.3f} "
             f"GB, the step-time model's {self.model_bytes / 1e9:.3f} GB "
-            f"(matmuls {self.matmul_bytes / 1e9:.3f}, other fusions "
-            f"{self.fusion_bytes / 1e9:.3f}; "
+            f"(matmuls {self.matmul_bytes / 1e9:.3f} GB, other fusions "
+            f"{self.fusion_bytes / 1e9:.3f} GB; "
             f"{self.model_bytes / self.xla_bytes:.2f}x XLA's); matmul FLOPs "
             f"{self.matmul_flops:.4g}, XLA's flops {self.xla_flops:.4g}")
 
