@@ -308,14 +308,18 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
   # batch over it too, and each weight on its other dim): the same bytes
   # gathered and reduced, so it joins X.
   x = math.prod(a["fsdp"] * a["fsdp_transpose"] for a in (ici, dcn))
-  given = lambda key, default: f"{key}={o.get(key, default)}"
+  def resolved(level: str, axes: dict, axis: str) -> str:
+    """`key=degree` as the mesh has it, a -1 named as resolved."""
+    key = f"{level}_{axis}_parallelism"
+    raw = str(o.get(key, -1 if (level, axis) == ("ici", "fsdp") else 1))
+    return f"{key}={axes[axis]}" + (" (-1 resolved)" if raw == "-1" else "")
   put("mesh", f"{x}x{ici['tensor']}", " ".join(
-      [given("ici_fsdp_parallelism",
-             -1 if "ici_fsdp_transpose_parallelism" not in o else 1)]
-      + [given(k, 1) for k in ("ici_fsdp_transpose_parallelism",
-                               "dcn_fsdp_parallelism",
-                               "dcn_fsdp_transpose_parallelism") if k in o]
-      + [given("ici_tensor_parallelism", 1)]))
+      [resolved("ici", ici, "fsdp")]
+      + [resolved(k.split("_")[0], ici if k.startswith("ici") else dcn,
+                  k.split("_", 1)[1].rsplit("_", 1)[0])
+         for k in ("ici_fsdp_transpose_parallelism", "dcn_fsdp_parallelism",
+                   "dcn_fsdp_transpose_parallelism") if k in o]
+      + [resolved("ici", ici, "tensor")]))
   if ici["data"] * dcn["data"] > 1:
     put("dp", ici["data"] * dcn["data"],
         f"ici_data_parallelism={ici['data']} dcn_data_parallelism="

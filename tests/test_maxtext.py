@@ -212,8 +212,8 @@ def test_the_maxtext_flag_prints_its_mapping_and_refuses_a_conflict():
           "max_target_length=64 ici_tensor_parallelism=2 sa_block_q=512")
   out = _memory_report(text)
   assert out.returncode == 0, out.stderr
-  assert "maxtext: ici_fsdp_parallelism=-1 ici_tensor_parallelism=2 -> " \
-         "--mesh=2x2" in out.stderr
+  assert ("maxtext: ici_fsdp_parallelism=2 (-1 resolved) "
+          "ici_tensor_parallelism=2 -> --mesh=2x2") in out.stderr
   assert "not expressed here (ignored): sa_block_q=512" in out.stderr
   assert "tiny: batch 8 x seq 64" in out.stdout
   missing = _memory_report("--maxtext=@/no/such/file")
