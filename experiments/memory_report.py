@@ -48,6 +48,12 @@ def _budget_lines(budget: capacity.GpuBudget,
             for x in budget.lines()]
   lines.append(f"  the step may use min(pool, device - outside the pool) = "
                f"{budget.capacity_bytes / GiB:.3f} GiB")
+  if estimate.arguments_bytes > budget.capacity_bytes:
+    lines.append(f"  the step's arguments alone, "
+                 f"{estimate.arguments_bytes / GiB:.3f} GiB, are more than the "
+                 "step may use: the step cannot run (shard or offload the "
+                 "model state, or raise the pool share)")
+    return lines
   limit = budget.xla_memory_limit(estimate.arguments_bytes)
   lines.append(f"  XLA:GPU schedules within the arguments + "
                f"{capacity.XLA_GPU_SLOP_PERCENT}% of the rest of the pool = "

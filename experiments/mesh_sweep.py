@@ -175,7 +175,7 @@ def check_run_settings(run_dir: str, spec) -> None:
                       if f.name in _IDENTITY
                       and f.default is not dataclasses.MISSING})
   # On a GPU what fits turns on the allocator pool's share of the device
-  # (XLA_PYTHON_CLIENT_MEM_FRACTION); a run from before it was recorded ran
+  # (capacity.mem_fraction); a run from before it was recorded ran
   # at JAX's default.
   topology = parse_topology(spec.topology)
   mine[_POOL] = capacity.pool_share(topology)
@@ -197,7 +197,8 @@ def check_run_settings(run_dir: str, spec) -> None:
                      "--resume)")
   for k in (*_IDENTITY, _POOL):  # from before a setting existed: its default
     if theirs.get(k, defaults.get(k)) != mine[k]:
-      what = (capacity.FRACTION_ENV if k == _POOL else f"--{k}")
+      what = ("the pool share (XLA_CLIENT_MEM_FRACTION)" if k == _POOL
+              else f"--{k}")
       raise ValueError(
           f"--resume: {run_dir} was made with {what}="
           f"{theirs.get(k, defaults.get(k))}, this command has {what}="

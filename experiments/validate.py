@@ -136,9 +136,13 @@ def render(result: dict, header: str) -> str:
             f"arguments from the step's shardings {c['step_argument_bytes']} B, "
             f"with the compiled tiled layouts {c['layout_argument_bytes']} B, "
             f"compiled {c['argument_bytes']} B"]
-  if c.get("flops") is not None:
-    lines.append(f"cost: {c['flops']:.4g} flops, {c['bytes_accessed']:.4g} bytes "
-                 f"accessed, optimal {c['optimal_seconds']:.4g} s (per device)")
+  if c.get("flops") is not None:  # XLA:CPU's gives no bytes, no time
+    parts = [f"{c['flops']:.4g} flops"]
+    if c.get("bytes_accessed") is not None:
+      parts.append(f"{c['bytes_accessed']:.4g} bytes accessed")
+    if c.get("optimal_seconds") is not None:
+      parts.append(f"optimal {c['optimal_seconds']:.4g} s")
+    lines.append(f"cost: {', '.join(parts)} (per device)")
   if result.get("flops"):
     f = result["flops"]
     lines.append(f"matmul FLOPs per device, each loop body once as XLA's cost "

@@ -66,7 +66,7 @@ class Chip:
   measured_hbm_bandwidth: float = 0.0
   # device_memory_size in the lent device's own XLA target config
   # (experiments.probe_gpu): the memory free when JAX makes its pool, of
-  # which the pool is XLA_PYTHON_CLIENT_MEM_FRACTION (simulator.memory.
+  # which the pool is XLA_CLIENT_MEM_FRACTION (simulator.memory.
   # capacity.device_memory); 0: not measured.
   measured_memory_bytes: int = 0
   # One-way B/s between the chip and its host's memory (PCIe): what host

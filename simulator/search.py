@@ -244,7 +244,7 @@ class Sweep:
     self.seconds: collections.Counter = collections.Counter()
     # What every config's cache key shares, made once (asdict is not free).
     # On a GPU what a plan may use turns on the allocator pool's share of
-    # the device (capacity: XLA_PYTHON_CLIENT_MEM_FRACTION), which the
+    # the device (capacity.mem_fraction), which the
     # records' verdicts and the groups' estimates hold.
     self._key_parts = dict(
         model=dataclasses.asdict(cfg), topology=topo.name,

@@ -28,7 +28,8 @@ def test_xla_s_remat_limit_is_95_percent_of_a_tpu_s_hbm_only():
 
 
 def test_h100_pool_is_75_percent_of_what_the_driver_reports(monkeypatch):
-  monkeypatch.delenv(capacity.FRACTION_ENV, raising=False)
+  for name in (capacity.FRACTION_ENV, capacity.DEPRECATED_FRACTION_ENV):
+    monkeypatch.delenv(name, raising=False)
   budget = capacity.gpu_budget(_plan("h100:2x8", 8, 2))
   assert budget.device_bytes == 84942979072  # XLA's h100_sxm target config
   assert budget.pool_bytes == int(0.75 * 84942979072)
@@ -52,12 +53,37 @@ def test_mem_fraction_is_read_and_the_runtime_binds_near_one(monkeypatch):
     capacity.mem_fraction()
 
 
+def test_the_pool_share_is_read_as_jaxlib_reads_it(monkeypatch):
+  """jaxlib 0.10 reads XLA_CLIENT_MEM_FRACTION, else the deprecated
+  XLA_PYTHON_CLIENT_MEM_FRACTION; an empty value is unset; both set it
+  refuses."""
+  for name in (capacity.FRACTION_ENV, capacity.DEPRECATED_FRACTION_ENV):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv(capacity.FRACTION_ENV, "0.6")
+  assert capacity.mem_fraction() == 0.6
+  monkeypatch.setenv(capacity.FRACTION_ENV, "")
+  assert capacity.mem_fraction() == capacity.DEFAULT_FRACTION
+  monkeypatch.setenv(capacity.DEPRECATED_FRACTION_ENV, "0.5")
+  assert capacity.mem_fraction() == 0.5
+  monkeypatch.setenv(capacity.FRACTION_ENV, "0.9")
+  with pytest.raises(ValueError, match="are both set, which JAX refuses"):
+    capacity.mem_fraction()
+
+
+def test_every_mesh_axis_wider_than_one_has_its_communicator():
+  """XLA keys its NCCL cliques by replica group: D and P too."""
+  plan = plan_mesh(parse_topology("h100:2x8"), 4, 2, P=1, D=2)
+  assert capacity.gpu_budget(plan).outside[1].name == (
+      "NCCL buffers (3 communicators)")
+
+
 def test_h200_memory_is_what_the_lent_h200_reported(monkeypatch):
   """XLA's h200 spec says 141 GiB exactly (151,397,597,184 B); the lent H200's
   own target config 150,109,880,320 B, of which its pool was 0.75: the
   smaller is the budget's (a spec over the device says "fits" for a peak
   over the pool)."""
-  monkeypatch.delenv(capacity.FRACTION_ENV, raising=False)
+  for name in (capacity.FRACTION_ENV, capacity.DEPRECATED_FRACTION_ENV):
+    monkeypatch.delenv(name, raising=False)
   assert capacity.device_memory("h200") == 150109880320
   assert capacity.capacity_bytes(_plan("h200:8", 8, 1)) == int(
       0.75 * 150109880320)

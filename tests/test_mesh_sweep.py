@@ -354,9 +354,9 @@ def test_resume_at_another_gpu_pool_share_is_refused(tmp_path, monkeypatch):
   mesh_sweep.check_run_settings(str(run_dir), spec)  # JAX's default, 0.75
   mesh_sweep.check_run_settings(str(run_dir), spec)
   monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
-  with pytest.raises(ValueError, match="made with XLA_PYTHON_CLIENT_MEM_"
-                     "FRACTION=0.75, this command has XLA_PYTHON_CLIENT_MEM_"
-                     "FRACTION=0.9"):
+  with pytest.raises(ValueError, match=r"made with the pool share \(XLA_"
+                     r"CLIENT_MEM_FRACTION\)=0.75, this command has the pool "
+                     r"share \(XLA_CLIENT_MEM_FRACTION\)=0.9"):
     mesh_sweep.check_run_settings(str(run_dir), spec)
 
 

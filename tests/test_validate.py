@@ -91,6 +91,16 @@ def test_text_report_is_quiet_and_names_the_peak():
                    r"accessed [\d.e+]+ .*\([+-][\d.]+%\)", p.stdout), p.stdout
 
 
+def test_a_cpu_compile_reports_what_its_cost_analysis_gives():
+  """XLA:CPU's cost analysis has no optimal time: the report says what it
+  has (it raised a TypeError formatting None)."""
+  p = _run("--model=tiny", "--topology=v5p-8", "--mesh=2x2", "--batch=8",
+           "--seq=64", "--target=cpu")
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert re.search(r"^cost: [\d.e+]+ flops.* \(per device\)$", p.stdout,
+                   re.M), p.stdout
+
+
 def test_a_gpu_compile_reports_xla_gpu_s_own_estimates():
   """A deviceless GPU compile logs XLA:GPU's memory-scheduler estimates
   (asked for before jax loads the CUDA plugin) and the report prints them;

@@ -11,15 +11,17 @@ and source; none is fitted:
   84,942,979,072 B = 79.11 GiB, not 80 GiB), or a lent device's own figure
   where that is less (the H200: 150,109,880,320 B, not the spec's 141 GiB;
   `device_memory`).
-- XLA's allocator pool: JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION of it,
-  default 0.75 (JAX docs, "GPU memory allocation": "JAX will preallocate 75% of
+- XLA's allocator pool: JAX preallocates XLA_CLIENT_MEM_FRACTION of it (or
+  the name jaxlib 0.10 calls deprecated, XLA_PYTHON_CLIENT_MEM_FRACTION, read
+  as jaxlib reads them: `mem_fraction`), default 0.75 (JAX docs, "GPU memory allocation": "JAX will preallocate 75% of
   the total GPU memory when the first JAX operation is run"); XLA's buffers
   (arguments, temporaries: XLA's peak, cuBLAS/cuDNN workspaces included, which
   XLA:GPU assigns as temp buffers) live in it. The env variable is read.
 - outside the pool, from the rest: the CUDA context with cuBLAS/cuDNN handles,
   3 GiB (seed 002's "CUDA/cuBLAS (+~2-3 GB) cushion", its upper figure read as
   GiB); NCCL's buffers, one communicator per mesh axis wider than 1 (XLA keys
-  its NCCL cliques by replica group), each at most 32 channels (NCCL's
+  its NCCL cliques by replica group: X, Y, and the replica and pipeline
+  axes D and P), each at most 32 channels (NCCL's
   MAXCHANNELS) x 2 ring peers x NCCL_BUFFSIZE (default 4 MiB, NCCL's
   environment-variable docs): 256 MiB per communicator, an upper bound.
 The step may use min(pool, device - outside): the pool, unless what the runtime
@@ -36,7 +38,10 @@ from meshes.hardware import GiB
 from meshes.layout import MeshPlan
 
 MiB = 2**20
-FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+# The pool's share: jaxlib 0.10's name, and the older one it still reads
+# (xla_client.generate_pjrt_gpu_plugin_options).
+FRACTION_ENV = "XLA_CLIENT_MEM_FRACTION"
+DEPRECATED_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 DEFAULT_FRACTION = 0.75  # JAX docs, "GPU memory allocation"
 CUDA_CONTEXT_BYTES = 3 * GiB  # seed 002: CUDA/cuBLAS cushion, +~2-3 GB
 NCCL_CHANNELS = 32  # NCCL MAXCHANNELS
@@ -79,8 +84,9 @@ class GpuBudget:
                  "the driver's figure: XLA's target config device_memory_size, "
                  "or a lent device's where less"),
             Line(f"XLA pool ({self.fraction:.0%})", self.pool_bytes,
-                 f"{FRACTION_ENV}, default {DEFAULT_FRACTION} (JAX docs, GPU "
-                 "memory allocation)"), *self.outside)
+                 f"{FRACTION_ENV} or {DEPRECATED_FRACTION_ENV}, default "
+                 f"{DEFAULT_FRACTION} (JAX docs, GPU memory allocation)"),
+            *self.outside)
 
   def xla_memory_limit(self, arguments_bytes: int) -> int:
     """The memory XLA:GPU's scheduler and rematerialization keep the step
@@ -108,16 +114,24 @@ class GpuBudget:
 
 
 def mem_fraction() -> float:
-  """XLA_PYTHON_CLIENT_MEM_FRACTION, or JAX's default 0.75."""
-  text = os.environ.get(FRACTION_ENV)
-  if text is None:
+  """The pool's share as jaxlib reads it: XLA_CLIENT_MEM_FRACTION, else
+  XLA_PYTHON_CLIENT_MEM_FRACTION, an empty value as unset, both set refused
+  (jaxlib raises then); JAX's default 0.75 where neither is set."""
+  new, old = (os.environ.get(name, "") for name in (FRACTION_ENV,
+                                                     DEPRECATED_FRACTION_ENV))
+  if new and old:
+    raise ValueError(f"{FRACTION_ENV}={new!r} and {DEPRECATED_FRACTION_ENV}="
+                     f"{old!r} are both set, which JAX refuses; keep "
+                     f"{FRACTION_ENV}")
+  name, text = (FRACTION_ENV, new) if new else (DEPRECATED_FRACTION_ENV, old)
+  if not text:
     return DEFAULT_FRACTION
   try:
     value = float(text)
   except ValueError:
-    raise ValueError(f"{FRACTION_ENV}={text!r} is not a number") from None
+    raise ValueError(f"{name}={text!r} is not a number") from None
   if not 0 < value <= 1:
-    raise ValueError(f"{FRACTION_ENV}={text!r} must be in (0, 1]")
+    raise ValueError(f"{name}={text!r} must be in (0, 1]")
   return value
 
 
@@ -150,7 +164,7 @@ def gpu_budget(plan: MeshPlan) -> GpuBudget:
   """The budget of one GPU of `plan`'s topology."""
   device = device_memory(plan.topology.chip.name)
   fraction = mem_fraction()
-  communicators = sum(1 for n in (plan.X, plan.Y) if n > 1)
+  communicators = sum(1 for n in (plan.D, plan.P, plan.X, plan.Y) if n > 1)
   nccl = communicators * NCCL_CHANNELS * 2 * NCCL_BUFFSIZE
   return GpuBudget(device, fraction, int(fraction * device), (
       Line("CUDA context, cuBLAS/cuDNN", CUDA_CONTEXT_BYTES,
