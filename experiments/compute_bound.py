@@ -67,6 +67,11 @@ def main(argv):
   settings = cli.train_settings()
   chosen = parse_mesh(f.mesh) if f.mesh else None
   dp = cli.outer_size("dp", topo)
+  if cli.outer_size("pp", topo) > 1:
+    raise ValueError(f"pp={f.pp}: compute_bound times X x Y meshes (with "
+                     "--dp replicas); a pipelined plan's step (its bubble "
+                     f"and stage sends) is mesh_sweep --pps={f.pp}'s, its "
+                     f"memory memory_report --pp={f.pp}'s")
   if chosen:
     plan_mesh(topo, *chosen, f.m_x, f.m_y, D=dp)  # validates
   wrap = {"auto": None, "yes": True, "no": False}[f.wraparound]
@@ -93,14 +98,27 @@ def main(argv):
   best = min(ok, key=lambda r: r.estimate.threshold_tokens_global)
   # The continuous optimum rescales one traced mesh's terms over Y; a mesh with
   # both axes > 1 has both kinds of terms (and nonzero M_X, M_Y) to rescale.
-  interior = [r for r in ok if r.plan.X > 1 and r.plan.Y > 1] or ok
-  base = min(interior, key=lambda r: r.estimate.threshold_tokens_global)
+  both = [r for r in ok if r.plan.X > 1 and r.plan.Y > 1]
+  by_threshold = lambda r: r.estimate.threshold_tokens_global
+  base = min(both or ok, key=by_threshold)
   if chosen:
     base = next((r for r in rows if (r.plan.X, r.plan.Y) == chosen), None)
     if base is None or base.model is None:
       raise ValueError(f"mesh {f.mesh}: {base.error if base else 'not found'}")
+  # A mesh with X or Y of 1 traces no collectives over it: nothing to
+  # rescale over Y. The best split with both axes over 1 is rescaled then.
+  rescaled = (base if base.plan.X > 1 and base.plan.Y > 1
+              else min(both, key=by_threshold) if both else None)
   hw = R.Hardware.for_plan(base.plan, **hw_kw)
-  y_opt, t_opt = R.continuous_optimum(base.model, hw, pass_)
+  optimum = None
+  if rescaled is not None:
+    y_opt, t_opt = R.continuous_optimum(
+        rescaled.model, R.Hardware.for_plan(rescaled.plan, **hw_kw), pass_)
+    optimum = dict(Y=float(y_opt),
+                   X=rescaled.plan.X * rescaled.plan.Y / y_opt,
+                   tokens_global=_rnd(float(t_opt)), M_X=rescaled.plan.M_X,
+                   M_Y=rescaled.plan.M_Y,
+                   rescaled_mesh=mesh_name(rescaled.plan.X, rescaled.plan.Y))
   meshes = []
   for r in rows:
     p, e = r.plan, r.estimate
@@ -125,9 +143,7 @@ def main(argv):
       flops_per_chip=hw.flops_per_chip, ici_link_bandwidth=hw.link_bandwidth,
       w_ici_wrapped=2 * hw.link_bandwidth, ring=f.ring, tokens=tokens,
       meshes=meshes,
-      optimum_continuous=dict(Y=float(y_opt), X=base.plan.X * base.plan.Y / y_opt,
-                              tokens_global=_rnd(float(t_opt)),
-                              M_X=base.plan.M_X, M_Y=base.plan.M_Y),
+      optimum_continuous=optimum,
       best_integer=dict(X=best.plan.X, Y=best.plan.Y,
                         tokens_global=round(best.estimate.threshold_tokens_global)
                         if not math.isinf(best.estimate.threshold_tokens_global)
@@ -194,8 +210,15 @@ def main(argv):
                       f"{m['exposed_host_s']:.4g} s of it exposed (in step_s)"
                       for m in hosted))
   oc, bi = out["optimum_continuous"], out["best_integer"]
-  print(f"continuous optimum (M_X={oc['M_X']}, M_Y={oc['M_Y']} held): Y={oc['Y']:.2f}"
-        f" -> {fmt(oc['tokens_global'])} tokens")
+  if oc is None:
+    print("continuous optimum: none (no mesh here has X and Y both over 1, "
+          "whose collectives it rescales over Y)")
+  else:
+    other = ("" if oc["rescaled_mesh"] == out["collectives_mesh"] else
+             f", {oc['rescaled_mesh']}'s terms: --mesh's traces no "
+             "collectives over an axis of 1")
+    print(f"continuous optimum (M_X={oc['M_X']}, M_Y={oc['M_Y']} held{other}):"
+          f" Y={oc['Y']:.2f} -> {fmt(oc['tokens_global'])} tokens")
   note = (" (no batch-independent traffic: compute-bound at any batch)"
           if bi["tokens_global"] == 0 else "")
   print(f"best integer split: {bi['X']}x{bi['Y']} -> "

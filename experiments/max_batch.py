@@ -57,10 +57,12 @@ def main(argv) -> None:
   settings = dataclasses.replace(settings, batch=step)
   estimate = memory.memory_report(cfg, settings, plan)
   usable = capacity_bytes(plan)  # a GPU: JAX's pool (simulator.memory.capacity)
-  cap = int(FLAGS.hbm_fraction * usable)
+  cap = memory.peak_budget(usable, FLAGS.hbm_fraction)
   best = memory.largest_batch(estimate, cap, step)
-  where = (f"{FLAGS.hbm_fraction:.0%} of {usable / GiB:.0f}"
-           f" GiB = {cap / GiB:.2f} GiB per device, mesh "
+  capped = (" (what fits with the planning overhead)"
+            if cap < int(FLAGS.hbm_fraction * usable) else "")
+  where = (f"{FLAGS.hbm_fraction:.0%} of {usable / GiB:.2f}"
+           f" GiB = {cap / GiB:.2f} GiB{capped} per device, mesh "
            f"{mesh_name(plan.X, plan.Y, plan.P, plan.D)}")
   text = FLAGS.format == "text"
   say = lambda line: print(line, flush=True) if text else None

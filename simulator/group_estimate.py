@@ -59,7 +59,8 @@ class GroupEstimate:
     if fraction not in self._largest:
       with mesh_class.resized(self.resize):
         self._largest[fraction] = memory.largest_batch(
-            self.base_memory, int(fraction * self.base_memory.hbm_bytes),
+            self.base_memory,
+            memory.peak_budget(self.base_memory.hbm_bytes, fraction),
             self.batch_step)
     return self._largest[fraction]
 

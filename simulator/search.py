@@ -503,12 +503,17 @@ def recommendation(ranked: list[dict], fraction: float = HBM_FRACTION) -> str:
     r = ok[0]
     return (f"nothing fits: the smallest is {record_mesh(r)} batch {r['batch']} "
             f"remat {r['remat']} at {r['peak_bytes'] / GiB:.1f} GiB per device > "
-            f"{r['hbm_bytes'] / GiB:.0f} GiB HBM; use a larger slice, more remat or "
-            f"a smaller batch")
-  bound = ("compute-bound" if best["compute_bound"]
-           else "communication-bound (no fitting plan is compute-bound)")
+            f"the {r['hbm_bytes'] / GiB:.1f} GiB it may use (a TPU's HBM, a "
+            f"GPU's allocator pool); use more devices, more remat or a smaller "
+            f"batch")
+  fitting = [r for r in ranked if r.get("fits") and not refuted(r)]
+  bound = ("compute-bound" if best["compute_bound"] else
+           "communication-bound (the compute-bound plans that fit are slower)"
+           if any(r.get("compute_bound") for r in fitting) else
+           "communication-bound (no fitting plan is compute-bound)")
   thr = best.get("threshold_tokens_global")
-  thr_text = (f"; compute-bound from {thr:,.0f} tokens per step"
+  thr_text = ("; no collectives: compute-bound at any batch" if thr == 0 else
+              f"; compute-bound from {thr:,.0f} tokens per step"
               if thr is not None else "; never compute-bound on this mesh")
   stages = (f", {best['P']} pipeline stages on P" if best.get("P", 1) > 1
             else f", {best['D']} data-parallel replicas on D"
@@ -516,11 +521,10 @@ def recommendation(ranked: list[dict], fraction: float = HBM_FRACTION) -> str:
   text = (f"recommended: mesh {record_mesh(best)} (X FSDP, Y tensor{stages}), batch "
           f"{best['batch']}, remat {best['remat']}, {best['shard']}, "
           f"{best['optimizer']}: fits at {best['peak_bytes'] / GiB:.1f} of "
-          f"{best['hbm_bytes'] / GiB:.0f} GiB, {best['tokens_per_s']:,.0f} tokens/s, "
+          f"{best['hbm_bytes'] / GiB:.1f} GiB, {best['tokens_per_s']:,.0f} tokens/s, "
           f"predicted MFU {best['mfu']:.1%} (roofline bound "
           f"{_percent(best.get('roofline_mfu'))}), {bound}{thr_text}; the highest "
-          f"tokens/s of the {sum(1 for r in ranked if r.get('fits') and not refuted(r))}"
-          f" plans that fit")
+          f"tokens/s of the {len(fitting)} plans that fit")
   if best.get("compiled_peak_bytes") is not None:
     text += (f"; the compiler confirms {best['compiled_peak_bytes'] / GiB:.1f} GiB "
              f"peak")

@@ -105,3 +105,23 @@ def test_a_chip_whose_published_runs_it_misses_carries_a_caveat():
                     )["step_time_caveat"] is None
   assert "note: MaxText's four published Trillium runs" in _run(
       *flags, "--topology=v6e-8").stdout
+
+
+def test_the_continuous_optimum_rescales_a_mesh_with_both_axes_over_one():
+  """--mesh with Y=1 traces no Y collectives: the optimum rescales the best
+  split with both axes over 1 and says so; with none (one chip) there is
+  none. --pp is refused with where pipelined plans are timed."""
+  r = _run("--model=tiny", "--topology=v5p-16", "--batch=8", "--seq=64",
+           "--mesh=8x1", "--format=json")
+  assert r.returncode == 0, r.stderr
+  out = json.loads(r.stdout)
+  assert out["collectives_mesh"] == "8x1"
+  x, y = map(int, out["optimum_continuous"]["rescaled_mesh"].split("x"))
+  assert x > 1 and y > 1
+  one = _run("--model=tiny", "--topology=h100:1", "--batch=8", "--seq=64")
+  assert one.returncode == 0, one.stderr
+  assert "continuous optimum: none (no mesh here has X and Y both over 1" \
+      in one.stdout
+  pp = _run("--model=tiny", "--topology=v5p-16", "--pp=2", "--mesh=2x2")
+  assert pp.returncode == 2 and pp.stderr.startswith(
+      "error: pp=2: compute_bound times X x Y meshes")

@@ -51,10 +51,10 @@ def test_the_experiment_says_it_in_one_line():
   out = _run("--mesh=2x2", "--seq=64", "--grad_accum=2")
   assert out.returncode == 0, out.stderr
   words = out.stdout.split()
-  assert out.stdout.startswith("largest batch in 85% of 95 GiB")
+  assert out.stdout.startswith("largest batch in 85% of 95.00 GiB")
   assert int(words[words.index("sequences") - 1]) % 4 == 0
   none = _run("--mesh=2x2", "--seq=64", "--hbm_fraction=0.000001")
-  assert none.stdout.startswith("nothing fits in 0% of 95 GiB")
+  assert none.stdout.startswith("nothing fits in 0% of 95.00 GiB")
   bad = _run("--hbm_fraction=1.5")
   assert bad.returncode == 2 and bad.stderr.strip() == (
       "error: hbm_fraction=1.5 must be in (0, 1] (the share of the capacity "
@@ -93,3 +93,14 @@ def test_the_frontier_compiles_from_the_simulations_answer():
   bad = _run("--memory_scheduler=list")  # nothing compiled to run it in
   assert bad.returncode == 2 and bad.stderr.count("\n") == 1
   assert "needs a TPU --topology and one of them" in bad.stderr
+
+
+def test_a_share_above_what_fits_with_the_overhead_is_capped():
+  """At --hbm_fraction=1 the largest batch is still one the verdict says
+  fits (the peak with the 10% planning overhead within the capacity)."""
+  from simulator import memory
+  assert memory.peak_budget(110, 1.0) == 100
+  assert memory.peak_budget(110, 0.5) == 55
+  out = _run("--mesh=4x1", "--seq=64", "--hbm_fraction=1")
+  assert out.returncode == 0, out.stderr
+  assert "(what fits with the planning overhead)" in out.stdout

@@ -1,6 +1,7 @@
 """experiments.memory_report: JSON schema, text table, one-line errors."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -147,3 +148,14 @@ def test_gpu_report_names_xlas_memory_limit():
   small = _run(*args[:3], "--batch=4", *args[4:])
   assert "XLA:GPU schedules within" in small.stdout
   assert "the simulated peak is above it" not in small.stdout
+
+
+def test_gpu_report_says_when_the_arguments_alone_do_not_fit():
+  """llama2_7b's f32 params and AdamW state on one H100 (about 100 GiB)
+  are over JAX's 59.33 GiB pool: no XLA limit above the pool is printed."""
+  text = _run("--model=llama2_7b", "--topology=h100:1", "--mesh=1x1",
+              "--batch=1", "--seq=512")
+  assert text.returncode == 0, text.stderr[-2000:]
+  assert re.search(r"the step's arguments alone, [\d.]+ GiB, are more than "
+                   r"the step may use", text.stdout), text.stdout
+  assert "XLA:GPU schedules within" not in text.stdout

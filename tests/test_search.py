@@ -165,6 +165,26 @@ def test_nothing_fits_recommendation_names_the_smallest():
   assert search.recommendation([r]).startswith("nothing fits")
 
 
+def test_the_recommendation_says_what_binds_as_the_table_does():
+  """A communication-bound best plan beside slower compute-bound plans that
+  fit is not "no fitting plan is compute-bound"; a plan with no
+  collectives is compute-bound at any batch; capacities to 0.1 GiB."""
+  plan = dict(status="ok", fits=True, X=8, Y=1, batch=32, remat="full",
+              shard="zero3", optimizer="adamw", peak_bytes=30 * search.GiB,
+              hbm_bytes=int(59.33 * search.GiB), mfu=0.4, roofline_mfu=0.6,
+              threshold_tokens_global=65536)
+  best = dict(plan, tokens_per_s=900.0, compute_bound=False)
+  slower = dict(plan, X=4, Y=2, tokens_per_s=800.0, compute_bound=True)
+  text = search.recommendation([best, slower])
+  assert "communication-bound (the compute-bound plans that fit are slower)" \
+      in text and "fits at 30.0 of 59.3 GiB" in text
+  alone = search.recommendation([best])
+  assert "communication-bound (no fitting plan is compute-bound)" in alone
+  one_gpu = dict(best, X=1, compute_bound=True, threshold_tokens_global=0)
+  assert "no collectives: compute-bound at any batch" in (
+      search.recommendation([one_gpu]))
+
+
 def test_a_plan_the_compiler_refutes_never_ranks_among_those_that_fit():
   """The estimate said it fits; compiling it for the topology said no (or
   ran out of memory): it ranks with the plans that do not fit."""

@@ -47,6 +47,7 @@ reads it back without jax (simulator.group_estimate).
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import functools
 import math
 from typing import Iterable, Iterator
@@ -468,6 +469,16 @@ def _last(ok, limit: int) -> int:
     mid = (lo + hi) // 2
     lo, hi = (mid, hi) if ok(mid) else (lo, mid)
   return lo
+
+
+def peak_budget(capacity_bytes: int, fraction: float) -> int:
+  """The compiler-comparable peak a plan may reach to keep within `fraction`
+  of the capacity: that share, and no more than fits with the planning
+  overhead (the verdict's own test), so a largest batch always fits, also
+  where `fraction` is above 1 / (1 + OVERHEAD_FRACTION)."""
+  with_overhead = fractions.Fraction(capacity_bytes) / (
+      1 + fractions.Fraction(str(OVERHEAD_FRACTION)))  # exact: 110 -> 100
+  return min(int(fraction * capacity_bytes), int(with_overhead))
 
 
 def largest_batch(estimate: MemoryEstimate, cap_bytes: int, step: int,
