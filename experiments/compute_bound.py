@@ -82,12 +82,13 @@ def main(argv):
     raise ValueError(f"tokens={tokens} must be a positive finite number "
                      "of tokens per step")
   if topo.chip.kind == "gpu":
-    tpu_only = [f"--{name}={f[name].value}" for name in ("ring", "wraparound")
+    tpu_only = [f"--{name}={f[name].value}" for name in
+                ("ring", "wraparound", "m_x", "m_y", "windowed_einsum")
                 if f[name].present]
     if tpu_only:
-      raise ValueError(f"{', '.join(tpu_only)}: the TPU ring's options; a "
-                       "GPU's collectives are timed as NCCL runs them "
-                       "(simulator.timing.nccl); drop them")
+      raise ValueError(f"{', '.join(tpu_only)}: the TPU torus's and libtpu's "
+                       "options; a GPU's collectives are timed as NCCL runs "
+                       "them (simulator.timing.nccl); drop them")
   rows = R.search_meshes(cfg, settings, topo, f.m_x, f.m_y, hardware_kw=hw_kw,
                          pass_=pass_, tokens=tokens, D=dp,
                          windowed_einsum=f.windowed_einsum)

@@ -166,6 +166,9 @@ def render(result: dict, header: str) -> str:
   for k in sorted(set(cc["symbolic"]) | set(cc["hlo"])):
     lines.append(f"  {k:<28} symbolic {cc['symbolic'].get(k, 0) / GiB:10.4f}"
                  f"   HLO {cc['hlo'].get(k, 0) / GiB:10.4f}")
+  if any(k.endswith("@?") for k in cc["hlo"]):
+    lines.append("  (@?: collectives whose replica groups match no mesh "
+                 "axis or combination of axes; in the HLO total, by no axis)")
   if c.get("peak_buffers"):
     lines.append(f"XLA's live set at its peak (at {c['peak_instruction']}; "
                  f"{c['peak_live_bytes'] / GiB:.4f} GiB from the dumped buffer "
@@ -300,7 +303,8 @@ def main(argv):
   if FLAGS.format == "json":
     print(json.dumps(result, indent=1, default=str))
   else:
-    header = (f"{cli.settings_line(cfg.name, settings, cfg)}\nmesh {x}x{y} on "
+    header = (f"{cli.settings_line(cfg.name, settings, cfg)}\nmesh "
+              f"{mesh_name(x, y, plan.P, plan.D)} on "
               f"{topology.describe()}; compiled for "
               f"{target or FLAGS.topology} (jax {jax.__version__})")
     print(render(result, header))

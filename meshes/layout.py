@@ -204,7 +204,8 @@ def plan_mesh(topology: Topology, X: int, Y: int, m_x: int | None = None,
     if n > 1 and (X <= 0 or Y <= 0 or n * X * Y != topology.chips):
       raise ValueError(
           f"{flag}={n} x mesh {X}x{Y} has {n * X * Y} devices but "
-          f"{topology.name} has {topology.chips} chips; choose X*Y = "
+          f"{topology.name} has {topology.chips} {topology.chips_word}; "
+          f"choose X*Y = "
           f"{topology.chips}/{flag}")
   outer = max(P, D)
   if outer > 1:
@@ -218,7 +219,7 @@ def plan_mesh(topology: Topology, X: int, Y: int, m_x: int | None = None,
     valid = ", ".join(f"{x}x{y}" for x, y in mesh_shapes(topology))
     raise ValueError(
         f"mesh {X}x{Y} has {X * Y} devices but {topology.name} has "
-        f"{topology.chips} chips; valid meshes: {valid}")
+        f"{topology.chips} {topology.chips_word}; valid meshes: {valid}")
   axes = len(topology.shape)
   for name, m in (("m_x", m_x), ("m_y", m_y)):
     if m is not None and not 0 < m <= axes:
@@ -256,7 +257,8 @@ def _host_split(topology: Topology, X: int, Y: int) -> tuple[int, int]:
   valid = ", ".join(f"{x}x{y}" for x, y in mesh_shapes(topology))
   raise ValueError(
       f"mesh {X}x{Y} cannot be laid over {topology.name}: Y={Y} must divide a "
-      f"host's {per_host} chips or be a multiple of them; valid meshes: {valid}")
+      f"host's {per_host} {topology.chips_word} or be a multiple of them; "
+      f"valid meshes: {valid}")
 
 
 def mesh_shapes(topology: Topology, outer: int = 1) -> list[tuple[int, int]]:

@@ -78,6 +78,11 @@ class Topology:
     return self.hosts * self.chips_per_host
 
   @property
+  def chips_word(self) -> str:
+    """What a device is called in messages: "GPUs" or "chips"."""
+    return "GPUs" if self.chip.kind == "gpu" else "chips"
+
+  @property
   def chips_per_vm(self) -> int:
     """Devices one host machine (a GPU node, a TPU VM) drives, whose host
     memory it holds: a GPU node's GPUs; a TPU slice's chips up to the

@@ -54,6 +54,8 @@ def test_bad_flags_exit_2_one_line():
                ["--m_x=5", "--mesh=16x4"], ["--ici_link_bandwidth=-1"],
                ["--tokens=nan"], ["--tokens=inf"], ["--tokens=0"],
                ["--topology=h100:8", "--model=tiny", "--ring=exact"],
+               ["--topology=h100:8", "--model=tiny", "--m_y=1"],
+               ["--topology=h100:8", "--model=tiny", "--nowindowed_einsum"],
                ["--dp=3"], ["--dp=2", "--mesh=64x1"]):
     r = _run(*args)
     assert r.returncode == 2, (args, r.stderr)

@@ -65,7 +65,7 @@ def test_meshes_that_cannot_lay_over_hosts():
   topo = parse_topology("h100:3x8")
   assert (3, 8) in layout.mesh_shapes(topo)
   assert (2, 12) not in layout.mesh_shapes(topo)  # 12 neither divides 8 nor is 8k
-  with pytest.raises(ValueError, match="Y=12 must divide a host's 8 chips"):
+  with pytest.raises(ValueError, match="Y=12 must divide a host's 8 GPUs"):
     _plan("h100:3x8", 2, 12)
 
 

@@ -93,10 +93,12 @@ def test_text_report_is_quiet_and_names_the_peak():
 
 def test_a_cpu_compile_reports_what_its_cost_analysis_gives():
   """XLA:CPU's cost analysis has no optimal time: the report says what it
-  has (it raised a TypeError formatting None)."""
-  p = _run("--model=tiny", "--topology=v5p-8", "--mesh=2x2", "--batch=8",
-           "--seq=64", "--target=cpu")
+  has (it raised a TypeError formatting None). The mesh line names the
+  replicas (D) as the other tools do."""
+  p = _run("--model=tiny", "--topology=v5p-16", "--dp=2", "--mesh=2x2",
+           "--batch=8", "--seq=64", "--target=cpu")
   assert p.returncode == 0, p.stderr[-3000:]
+  assert "\nmesh D2x2x2 on v5p-16 " in p.stdout
   assert re.search(r"^cost: [\d.e+]+ flops.* \(per device\)$", p.stdout,
                    re.M), p.stdout
 
