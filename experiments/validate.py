@@ -105,6 +105,16 @@ def _scheduler_lines(s: dict, c: dict) -> list[str]:
   return lines
 
 
+def _planned_verdict(peak_no_overhead: int, capacity_bytes: int) -> str:
+  """The symbolic side's verdict, as memory_report and mesh_sweep give it:
+  the peak with the planning overhead against the same capacity."""
+  from simulator.memory import OVERHEAD_FRACTION
+  planned = peak_no_overhead + int(peak_no_overhead * OVERHEAD_FRACTION)
+  return (f"planned (symbolic, with the {OVERHEAD_FRACTION:.0%} planning "
+          f"overhead, the other tools' verdict) {planned / GiB:.4f} GiB: "
+          f"{'fits' if planned <= capacity_bytes else 'does NOT fit'}")
+
+
 def render(result: dict, header: str) -> str:
   s, c, e = result["symbolic"], result["compiled"], result["relative_error"]
   rows = [("arguments", s["arguments"], c["argument_bytes"], e["arguments"]),
@@ -128,6 +138,7 @@ def render(result: dict, header: str) -> str:
             f"{c['capacity_bytes'] / GiB:.4f} GiB the step may use "
             f"(simulator.memory.capacity): "
             f"{'fits' if c['fits'] else 'does NOT fit'}",
+            _planned_verdict(tuned, c["capacity_bytes"]),
             f"compiled: output {c['output_bytes'] / GiB:.4f}, alias "
             f"{c['alias_bytes'] / GiB:.4f}, generated code "
             f"{c['generated_code_bytes'] / GiB:.4f} GiB; peak from {c['peak_source']};"

@@ -525,6 +525,11 @@ def recommendation(ranked: list[dict], fraction: float = HBM_FRACTION) -> str:
           f"predicted MFU {best['mfu']:.1%} (roofline bound "
           f"{_percent(best.get('roofline_mfu'))}), {bound}{thr_text}; the highest "
           f"tokens/s of the {len(fitting)} plans that fit")
+  hbm = (best.get("t_hbm_s") or 0) + (best.get("t_matmul_hbm_s") or 0)
+  if best.get("step_time_s") and hbm > max(best.get("t_math_s") or 0,
+                                           best.get("exposed_comm_s") or 0):
+    text += (f"; HBM traffic (fusions' bytes, byte-bound matmuls) is the "
+             f"largest part of its step, {hbm / best['step_time_s']:.0%}")
   if best.get("compiled_peak_bytes") is not None:
     text += (f"; the compiler confirms {best['compiled_peak_bytes'] / GiB:.1f} GiB "
              f"peak")

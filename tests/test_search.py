@@ -183,6 +183,11 @@ def test_the_recommendation_says_what_binds_as_the_table_does():
   one_gpu = dict(best, X=1, compute_bound=True, threshold_tokens_global=0)
   assert "no collectives: compute-bound at any batch" in (
       search.recommendation([one_gpu]))
+  hbm_heavy = dict(best, t_math_s=0.087, exposed_comm_s=0.044, t_hbm_s=0.368,
+                   t_matmul_hbm_s=0.116, step_time_s=0.615)
+  assert ("HBM traffic (fusions' bytes, byte-bound matmuls) is the largest "
+          "part of its step, 79%") in search.recommendation([hbm_heavy])
+  assert "HBM traffic" not in alone
 
 
 def test_a_plan_the_compiler_refutes_never_ranks_among_those_that_fit():

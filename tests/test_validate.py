@@ -99,6 +99,9 @@ def test_a_cpu_compile_reports_what_its_cost_analysis_gives():
            "--batch=8", "--seq=64", "--target=cpu")
   assert p.returncode == 0, p.stderr[-3000:]
   assert "\nmesh D2x2x2 on v5p-16 " in p.stdout
+  assert re.search(r"^planned \(symbolic, with the 10% planning overhead, "
+                   r"the other tools' verdict\) [\d.]+ GiB: fits$", p.stdout,
+                   re.M), p.stdout
   assert re.search(r"^cost: [\d.e+]+ flops.* \(per device\)$", p.stdout,
                    re.M), p.stdout
 
