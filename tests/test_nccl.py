@@ -91,3 +91,21 @@ def test_point_to_point_kinds():
   assert nccl.cost("all-gather", 1e6, 1, 1, 4.5e11, 5e10, True).time(1e6) == 0
   with pytest.raises(ValueError, match="'gather'"):
     nccl.bus_factor("gather", 4)
+
+
+def test_small_messages_take_nccls_low_latency_protocols():
+  """tuning.cc's LL: 6.6 us + 0.6 us a step on NVLink, so a 64 KiB
+  all-reduce over 8 GPUs takes ~16 us (Simple's 56 us of latency alone);
+  its bandwidth is capped at llMaxBw, so 8 GiB stays with Simple."""
+  small = nccl.cost("all-reduce", 64 * 2**10, 8, 1, 4.5e11, 5e10, False)
+  assert (small.algorithm, small.protocol) == ("ring", "LL")
+  assert small.latency == pytest.approx((6.6 + 14 * 0.6) * 1e-6)
+  assert small.per_byte == pytest.approx(2 * 7 / 8 / 87.7e9)
+  big = nccl.cost("all-reduce", LARGE, 8, 1, 4.5e11, 5e10, False)
+  assert big.protocol == "Simple"
+  ll128 = nccl.ring_protocol("all-gather", 8, 1, 4.5e11, 5e10, "LL128",
+                             87.7e9)
+  assert ll128.per_byte == pytest.approx((7 / 8) / (0.92 * 4.5e11))
+  # across hosts llMaxBw turns on the host CPU: DGX A100's AMD EPYC
+  assert nccl.ll_max_bandwidth(2, nccl.HOST_CPUS["a100-80gb"]) == 22.5e9
+  assert nccl.ll_max_bandwidth(4, nccl.HOST_CPUS["h100-sxm"]) == 20.4e9

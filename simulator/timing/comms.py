@@ -100,7 +100,8 @@ def collective_cost(kind: str, axis: str, plan: MeshPlan, link_bandwidth: float,
                 "p2p" if hosts == 1 else "network")
   if topo.chip.kind == "gpu":
     return nccl.cost(kind, nbytes, n / hosts, hosts, link_bandwidth,
-                     topo.network.bandwidth, topo.chip.name in nccl.NVLS_CHIPS)
+                     topo.network.bandwidth, topo.chip.name in nccl.NVLS_CHIPS,
+                     nccl.HOST_CPUS.get(topo.chip.name, "intel"))
   bw = axis_bandwidth(plan, axis, link_bandwidth, wraparound)
   per_byte = ring_time(kind, 1.0, n / hosts, bw, ring)
   if hosts > 1:

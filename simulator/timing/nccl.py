@@ -34,7 +34,29 @@ uses for the MB-sized collectives of training), from `src/graph/tuning.cc`
     hierarchical  h > 1: reduce-scatter inside the host, the collective across
            hosts on 1/g of the data (each GPU on its own NIC), all-gather inside.
 
-As NCCL does, `cost` takes the algorithm with the least time at the given size.
+Protocols. NCCL runs each algorithm in one of three protocols and its tuner
+models each (the same `tuning.cc`, `ncclTopoTuneModel`); the formulas above
+are Simple's. LL (8-byte flag+data stores) and LL128 (128-byte lines) trade
+bandwidth for latency, and NCCL picks them for small messages, the KB-sized
+collectives of decoding:
+
+    ring LL     base 6.6 µs, 0.6 µs a step on NVLink (1.0 with the network's
+                post overhead across hosts), 2.7 across; busBw = min(llMaxBw,
+                busBw/4) for an all-reduce or across hosts, else busBw/3;
+    ring LL128  base 14.0 µs, 1.9 µs a step on NVLink, 4.0 across; busBw x 0.92
+                (x 0.7 with one GPU a host);
+    tree LL     base 6.8 µs, 0.6 on NVLink, 5.0 across; min(busBw/3.8, llMaxBw);
+    tree LL128  base 14.0 µs, 1.25 on NVLink, 8.5 across; busBw x 7/9 in one
+                host, x 120/128 across.
+
+llMaxBw (NCCL's llMaxBws, GB/s): 87.7 in one host of Ampere or Hopper GPUs;
+across hosts it turns on the host CPU: 39.0 (2 hosts) and 20.4 (more) on
+Intel, 22.5 and 19.0 on AMD; DGX H100 and H200 hosts are Intel Xeon, DGX
+A100's AMD EPYC (`HOST_CPUS`). LL128's per-channel caps (perChMax*LL128Bws)
+need NCCL's channel count, which is not modelled: the 0.92 stands alone.
+
+As NCCL does, `cost` takes the algorithm and protocol with the least time at
+the given size.
 """
 
 from __future__ import annotations
@@ -48,6 +70,29 @@ RING_HOP = {"nvlink": 3.4 * US, "net": 14.0 * US}  # hwLat ring Simple
 TREE_HOP = {"nvlink": 4.0 * US, "net": 14.0 * US}  # hwLat tree Simple
 NVLS_LATENCY = 25.0 * US  # hwLat NVLS Simple, NVLink
 NVLS_CHIPS = frozenset({"h100-sxm", "h200"})  # NVSwitch gen 3 + Hopper
+NET_OVERHEAD = 1.0 * US  # getNetOverhead: x86 hosts, each step across hosts
+
+
+class Protocol(NamedTuple):
+  """One of NCCL's protocols for one algorithm (tuning.cc)."""
+
+  base: float  # baseLat
+  nvlink_hop: float  # hwLat NVLink
+  net_hop: float  # hwLat NET
+
+
+# LL and LL128 for the ring and the tree (Simple: BASE, RING_HOP, TREE_HOP).
+RING_PROTOCOLS = {"LL": Protocol(6.6 * US, 0.6 * US, 2.7 * US),
+                  "LL128": Protocol(14.0 * US, 1.9 * US, 4.0 * US)}
+TREE_PROTOCOLS = {"LL": Protocol(6.8 * US, 0.6 * US, 5.0 * US),
+                  "LL128": Protocol(14.0 * US, 1.25 * US, 8.5 * US)}
+# llMaxBws: one host (Ampere, Hopper); across 2 hosts, across more, by the
+# host CPU's vendor.
+LL_MAX_ONE_HOST = 87.7e9
+LL_MAX_HOSTS = {"intel": (39.0e9, 20.4e9), "amd": (22.5e9, 19.0e9)}
+# The host CPUs of the DGX systems each GPU ships in (DGX A100: 2 AMD EPYC
+# 7742; DGX H100 and H200: 2 Intel Xeon Platinum 8480C).
+HOST_CPUS = {"a100-80gb": "amd", "h100-sxm": "intel", "h200": "intel"}
 
 
 class Cost(NamedTuple):
@@ -56,6 +101,7 @@ class Cost(NamedTuple):
   latency: float
   per_byte: float
   algorithm: str
+  protocol: str = "Simple"
 
   def time(self, nbytes: float) -> float:
     return self.latency + nbytes * self.per_byte
@@ -89,6 +135,48 @@ def ring(kind: str, local: float, hosts: int, nvlink: float, nic: float
       net_steps * RING_HOP["net"])
   bus = nvlink if hosts == 1 else min(nvlink, local * nic)
   return Cost(latency, bus_factor(kind, n) / bus, "ring")
+
+
+def ll_max_bandwidth(hosts: int, host_cpu: str) -> float:
+  """NCCL's llMaxBw for `hosts` hosts of that CPU vendor."""
+  if hosts <= 1:
+    return LL_MAX_ONE_HOST
+  two, more = LL_MAX_HOSTS[host_cpu]
+  return two if hosts == 2 else more
+
+
+def ring_protocol(kind: str, local: float, hosts: int, nvlink: float,
+                  nic: float, protocol: str, ll_max: float) -> Cost:
+  """The ring in LL or LL128: Simple's steps at the protocol's latencies,
+  its bus bandwidth scaled as NCCL's tuner scales it."""
+  simple = ring(kind, local, hosts, nvlink, nic)
+  if simple.algorithm == "none":
+    return simple
+  n = local * hosts
+  steps, net_steps = _steps(kind, n), _steps(kind, hosts)
+  p = RING_PROTOCOLS[protocol]
+  hop = max(p.nvlink_hop, NET_OVERHEAD) if hosts > 1 else p.nvlink_hop
+  latency = p.base + (steps - net_steps) * hop + net_steps * p.net_hop
+  bus = bus_factor(kind, n) / simple.per_byte
+  if protocol == "LL":
+    bus = min(ll_max, bus / (4 if kind == "all-reduce" or hosts > 1 else 3))
+  else:
+    bus *= 0.7 if local < 2 and hosts > 1 else 0.92
+  return Cost(latency, bus_factor(kind, n) / bus, "ring", protocol)
+
+
+def tree_protocol(local: float, hosts: int, nvlink: float, nic: float,
+                  protocol: str, ll_max: float) -> Cost:
+  """The double binary tree in LL or LL128 (see `tree`)."""
+  simple = tree(local, hosts, nvlink, nic)
+  p = TREE_PROTOCOLS[protocol]
+  latency = p.base + 2 * ((local - 1) * p.nvlink_hop
+                          + math.log2(hosts) * p.net_hop)
+  if protocol == "LL":  # algBw = min(busBw/3.8, llMaxBw) / 2
+    per_byte = max(3.8 * simple.per_byte, 2 / ll_max)
+  else:
+    per_byte = simple.per_byte / (7 / 9 if hosts == 1 else 120 / 128)
+  return Cost(latency, per_byte, "tree", protocol)
 
 
 def tree(local: float, hosts: int, nvlink: float, nic: float) -> Cost:
@@ -125,11 +213,17 @@ def hierarchical(kind: str, local: float, hosts: int, nvlink: float,
 
 
 def candidates(kind: str, local: float, hosts: int, nvlink: float, nic: float,
-               nvls_ok: bool) -> list[Cost]:
-  """Every algorithm NCCL could run for `kind` here."""
+               nvls_ok: bool, host_cpu: str = "intel") -> list[Cost]:
+  """Every algorithm and protocol NCCL could run for `kind` here."""
+  ll_max = ll_max_bandwidth(hosts, host_cpu)
   out = [ring(kind, local, hosts, nvlink, nic)]
+  if local * hosts > 1:
+    out += [ring_protocol(kind, local, hosts, nvlink, nic, p, ll_max)
+            for p in RING_PROTOCOLS]
   if kind == "all-reduce" and local * hosts > 1:
     out.append(tree(local, hosts, nvlink, nic))
+    out += [tree_protocol(local, hosts, nvlink, nic, p, ll_max)
+            for p in TREE_PROTOCOLS]
     if hosts == 1 and nvls_ok and local > 1:
       out.append(nvls(local, nvlink))
   if hosts > 1 and local > 1 and kind in ("all-reduce", "reduce-scatter",
@@ -139,8 +233,9 @@ def candidates(kind: str, local: float, hosts: int, nvlink: float, nic: float,
 
 
 def cost(kind: str, nbytes: float, local: float, hosts: int, nvlink: float,
-         nic: float, nvls_ok: bool) -> Cost:
-  """The fastest algorithm at `nbytes` (nccl-tests' S) over local x hosts GPUs.
+         nic: float, nvls_ok: bool, host_cpu: str = "intel") -> Cost:
+  """The fastest algorithm and protocol at `nbytes` (nccl-tests' S) over
+  local x hosts GPUs; `host_cpu`: the hosts' CPU vendor (HOST_CPUS).
 
   all-to-all: each GPU sends (n-1)/n of V, the share for other hosts through
   its NIC; permute: V over one hop (NVLink inside a host, the NIC across).
@@ -156,7 +251,7 @@ def cost(kind: str, nbytes: float, local: float, hosts: int, nvlink: float,
     bw, hop = (nic, RING_HOP["net"]) if hosts > 1 else (nvlink,
                                                        RING_HOP["nvlink"])
     return Cost(BASE + hop, 1 / bw, "p2p")
-  return min(candidates(kind, local, hosts, nvlink, nic, nvls_ok),
+  return min(candidates(kind, local, hosts, nvlink, nic, nvls_ok, host_cpu),
              key=lambda c: (c.time(nbytes), c.latency))
 
 
