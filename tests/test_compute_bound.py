@@ -127,3 +127,16 @@ def test_the_continuous_optimum_rescales_a_mesh_with_both_axes_over_one():
   pp = _run("--model=tiny", "--topology=v5p-16", "--pp=2", "--mesh=2x2")
   assert pp.returncode == 2 and pp.stderr.startswith(
       "error: pp=2: compute_bound times X x Y meshes")
+
+
+def test_each_mesh_says_which_axis_crosses_the_network():
+  """Over 2 hosts of 8 GPUs: Y=16 spans both hosts, X=2 does; JSON holds
+  X_hosts and Y_hosts per mesh."""
+  r = _run("--model=tiny", "--topology=h100:2x8", "--batch=16", "--seq=64",
+           "--format=json")
+  assert r.returncode == 0, r.stderr
+  hosts = {(m["X"], m["Y"]): (m["X_hosts"], m["Y_hosts"])
+           for m in json.loads(r.stdout)["meshes"]}
+  assert hosts[(1, 16)] == (1, 2) and hosts[(2, 8)] == (2, 1)
+  text = _run("--model=tiny", "--topology=h100:2x8", "--batch=16", "--seq=64")
+  assert "1x16 Y over 2 hosts; 2x8 X over 2 hosts" in text.stdout
