@@ -298,10 +298,16 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
     put("seq", target, given_target)
   ici = _axes(o, "ici", {"data": 1, "fsdp": -1, "fsdp_transpose": 1,
                          "tensor": 1}, chips // slices)
-  if _int(o, "dcn_tensor_parallelism", 1) != 1:
-    raise ValueError(f"MaxText dcn_tensor_parallelism="
-                     f"{o['dcn_tensor_parallelism']}: tensor parallelism runs "
-                     "inside a slice here; give 1")
+  dcn_tensor = _int(o, "dcn_tensor_parallelism", 1)
+  if dcn_tensor != 1 and ici["tensor"] != chips // slices:
+    # Y over hosts is laid here over whole ones (meshes.layout: Y takes a
+    # host's devices, then whole hosts), as MaxText's tensor axis would be
+    # with every chip of a slice in it.
+    raise ValueError(f"MaxText dcn_tensor_parallelism={dcn_tensor} with "
+                     f"ici_tensor_parallelism={ici['tensor']}: tensor "
+                     "parallelism across slices or hosts is laid over whole "
+                     f"ones here; give ici_tensor_parallelism={chips // slices}"
+                     " (a slice's or host's chips) or dcn_tensor_parallelism=1")
   dcn = _axes(o, "dcn", {"data": -1, "fsdp": 1, "fsdp_transpose": 1,
                          "tensor": 1}, slices)
   # fsdp_transpose is FSDP over a second mesh axis (MaxText shards the
@@ -313,13 +319,14 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
     key = f"{level}_{axis}_parallelism"
     raw = str(o.get(key, -1 if (level, axis) == ("ici", "fsdp") else 1))
     return f"{key}={axes[axis]}" + (" (-1 resolved)" if raw == "-1" else "")
-  put("mesh", f"{x}x{ici['tensor']}", " ".join(
+  put("mesh", f"{x}x{ici['tensor'] * dcn['tensor']}", " ".join(
       [resolved("ici", ici, "fsdp")]
       + [resolved(k.split("_")[0], ici if k.startswith("ici") else dcn,
                   k.split("_", 1)[1].rsplit("_", 1)[0])
          for k in ("ici_fsdp_transpose_parallelism", "dcn_fsdp_parallelism",
                    "dcn_fsdp_transpose_parallelism") if k in o]
-      + [resolved("ici", ici, "tensor")]))
+      + [resolved("ici", ici, "tensor")]
+      + ([resolved("dcn", dcn, "tensor")] if dcn["tensor"] > 1 else [])))
   if ici["data"] * dcn["data"] > 1:
     put("dp", ici["data"] * dcn["data"],
         f"ici_data_parallelism={ici['data']} dcn_data_parallelism="

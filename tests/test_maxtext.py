@@ -147,8 +147,9 @@ def test_the_data_axis_is_replicas_and_fsdp_is_x(text, slices, mesh, dp):
      "64 chips .a slice's., so ici_fsdp_parallelism=-1 has no value; give "
      "degrees whose product divides 64: 1, 2, 4, 8, 16, 32, 64"),
     ("model_name=gpt4", "unknown model 'gpt4'; valid: gpt2"),
-    ("dcn_tensor_parallelism=2", "dcn_tensor_parallelism=2: tensor "
-     "parallelism runs inside a slice"),
+    ("dcn_tensor_parallelism=2", "dcn_tensor_parallelism=2 with "
+     "ici_tensor_parallelism=1: tensor parallelism across slices or hosts is "
+     "laid over whole ones here; give ici_tensor_parallelism=64"),
     ("dcn_data_parallelism=3", "dcn_data_parallelism=3 is not 1 slices"),
     ("ici_fsdp_parallelism=2 ici_fsdp_transpose_parallelism=2", "is not 64"),
     ("ici_fsdp_parallelism=-1 ici_fsdp_transpose_parallelism=-1", "one of them may be -1"),
@@ -248,3 +249,12 @@ def test_a_fractional_per_device_batch_is_a_whole_global_batch():
   assert run.flags["batch"] == "32"
   assert "per_device_batch_size=0.5 (0.5 x 64 chips) -> --batch=32" in (
       run.mapping)
+
+
+def test_tensor_parallelism_over_whole_hosts():
+  """dcn_tensor_parallelism with every GPU of a host in ici's tensor axis:
+  Y spans the hosts (--mesh accepts the same plan)."""
+  run = maxtext.maxtext_run("model_name=llama2-70b ici_fsdp_parallelism=1 "
+                            "ici_tensor_parallelism=8 dcn_tensor_parallelism=2",
+                            chips=16, slices=2)
+  assert run.flags["mesh"] == "1x16" and "dp" not in run.flags
