@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import shlex
 
 from models.config import GATED_MLPS, ModelConfig
 from models.remat import MAXTEXT_POLICIES
@@ -113,14 +114,19 @@ class MaxTextRun:
 
 def parse_overrides(text: str) -> dict[str, str]:
   """`key=value key2=value2 ...` (a MaxText command line's overrides, or a
-  file of them: one or more per line, `#` comments) into a dict."""
+  file of them: one or more per line, `#` comments) into a dict; values
+  quoted as a shell quotes them (`run_name="my run"`)."""
   out: dict[str, str] = {}
   for line in text.splitlines():
-    for item in line.split("#", 1)[0].split():
+    try:
+      items = shlex.split(line, comments=True)
+    except ValueError as e:  # an unclosed quote
+      raise ValueError(f"MaxText overrides {line.strip()!r}: {e}") from None
+    for item in items:
       key, sep, value = item.partition("=")
       if not sep or not key:
         raise ValueError(f"MaxText override {item!r} is not key=value")
-      out[key] = value.strip("'\"")
+      out[key] = value
   if not out:
     raise ValueError("--maxtext has no key=value overrides")
   return out

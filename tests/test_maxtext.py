@@ -258,3 +258,15 @@ def test_tensor_parallelism_over_whole_hosts():
                             "ici_tensor_parallelism=8 dcn_tensor_parallelism=2",
                             chips=16, slices=2)
   assert run.flags["mesh"] == "1x16" and "dp" not in run.flags
+
+
+def test_overrides_are_read_as_a_shell_reads_them():
+  """A quoted value keeps its spaces; # starts a comment; an unclosed quote
+  is named."""
+  assert maxtext.parse_overrides(
+      'model_name=llama2-7b run_name="my run"  # a comment\n'
+      "per_device_batch_size='2'") == {
+          "model_name": "llama2-7b", "run_name": "my run",
+          "per_device_batch_size": "2"}
+  with pytest.raises(ValueError, match="No closing quotation"):
+    maxtext.parse_overrides('run_name="my run')
