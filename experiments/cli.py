@@ -379,7 +379,8 @@ def _apply_config() -> None:
   devices = (parse_mesh(mesh)[0] * replicas if mesh
              else parse_topology(f.topology).chips)
   run = read_config(f.config, devices)
-  print(f"config: {f.config} read as a {run.kind}", file=sys.stderr)
+  article = "an" if run.kind[0] in "aeiou" else "a"  # an axolotl YAML
+  print(f"config: {f.config} read as {article} {run.kind}", file=sys.stderr)
   _set(run.flags, run.mapping, run.ignored, "config", True)
 
 
