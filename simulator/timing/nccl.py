@@ -33,6 +33,10 @@ uses for the MB-sized collectives of training), from `src/graph/tuning.cc`
            which is the figure used;
     hierarchical  h > 1: reduce-scatter inside the host, the collective across
            hosts on 1/g of the data (each GPU on its own NIC), all-gather inside.
+           Not one of NCCL's algorithms (Ring, Tree, CollNet, NVLS, NVLSTree,
+           PAT): a bound for a collective split into its in-host and
+           cross-host stages, as a program can issue them; kept as a
+           candidate, so a collective is never timed slower than it.
 
 Protocols. NCCL runs each algorithm in one of three protocols and its tuner
 models each (the same `tuning.cc`, `ncclTopoTuneModel`); the formulas above
