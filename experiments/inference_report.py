@@ -71,7 +71,8 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
            ) -> str:
   s, hbm = e.serve, e.hbm_bytes
   # A GPU's steps use JAX's allocator pool (simulator.memory.capacity).
-  usable = "usable by XLA" if e.plan.topology.chip.kind == "gpu" else "HBM"
+  usable = ("usable by XLA per GPU" if e.plan.topology.chip.kind == "gpu"
+            else "HBM per chip")
   g = lambda n: f"{n / GiB:.3f} GiB"
   cfg = serve_config(cfg, s)
   images = image_tokens(cfg, s.images)
@@ -121,7 +122,7 @@ def render(e: inference.InferenceEstimate, cfg, comparison: dict | None
             f"{s.batch}; end to end {e.tokens_per_s:,.0f} generated tokens/s"
             f" ({e.total_seconds:.3f} s for prefill + {s.generate} decode "
             f"step{'s' if s.generate != 1 else ''})",
-            f"{usable} per chip {hbm / GiB:.2f} GiB: {verdict} (peak "
+            f"{usable} {hbm / GiB:.2f} GiB: {verdict} (peak "
             f"{g(e.peak_bytes)}, {g(e.planned_bytes)} with the "
             f"{inference.OVERHEAD_FRACTION:.0%} planning overhead)"]
   return "\n".join(lines)

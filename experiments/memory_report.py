@@ -140,7 +140,8 @@ def render(estimate: memory.MemoryEstimate, header: str,
     lines += _budget_lines(budget, estimate)
   lines += [
       "",
-      f"{'usable by XLA' if budget else 'HBM'} per chip {hbm / GiB:.2f} GiB: "
+      f"{'usable by XLA per GPU' if budget else 'HBM per chip'} "
+      f"{hbm / GiB:.2f} GiB: "
       f"{verdict} with the "
       f"{memory.OVERHEAD_FRACTION:.0%} planning overhead (runtime and "
       f"fragmentation, {memory.OVERHEAD_FRACTION:.0%} of XLA's peak); "
