@@ -74,7 +74,9 @@ RING_HOP = {"nvlink": 3.4 * US, "net": 14.0 * US}  # hwLat ring Simple
 TREE_HOP = {"nvlink": 4.0 * US, "net": 14.0 * US}  # hwLat tree Simple
 NVLS_LATENCY = 25.0 * US  # hwLat NVLS Simple, NVLink
 NVLS_CHIPS = frozenset({"h100-sxm", "h200"})  # NVSwitch gen 3 + Hopper
-NET_OVERHEAD = 1.0 * US  # getNetOverhead: x86 hosts, each step across hosts
+# getNetOverhead, the floor of a step's latency across hosts: 1 us on Intel
+# hosts (2 on AMD ones; the Intel figure is used for both).
+NET_OVERHEAD = 1.0 * US
 
 
 class Protocol(NamedTuple):
