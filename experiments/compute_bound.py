@@ -124,7 +124,7 @@ def main(argv):
   for r in rows:
     p, e = r.plan, r.estimate
     row = dict(X=p.X, Y=p.Y, M_X=p.M_X, M_Y=p.M_Y, X_hosts=p.x_hosts,
-               Y_hosts=p.y_hosts)
+               Y_hosts=p.y_hosts, crossing=p.crossing())
     if e is None:
       row["error"] = r.error
     else:
@@ -205,12 +205,8 @@ def main(argv):
           f"step and MFU are those of {tokens:.0f} tokens as if the batch "
           f"split over X; give a batch X divides for a plan that runs")
   if topo.hosts > 1:  # which axis crosses the network, mesh by mesh
-    word = topo.network.hosts_word
-    crossing = lambda m: " and ".join(
-        f"{a} over {m[a + '_hosts']} {word}" for a in ("X", "Y")
-        if m[a + "_hosts"] > 1) or f"inside one of the {word}"
-    print(f"across {word} ({topo.network.name}): " + "; ".join(
-        f"{m['X']}x{m['Y']} {crossing(m)}" for m in meshes))
+    print(f"across {topo.network.hosts_word} ({topo.network.name}): "
+          + "; ".join(f"{m['X']}x{m['Y']} {m['crossing']}" for m in meshes))
   hosted = [m for m in meshes if m.get("t_host_s")]
   if hosted:
     print(f"copies between host memory and HBM (offload) over the host link, "

@@ -379,6 +379,8 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
     text = search.table(ranked)
     why = search.recommendation(ranked, spec.hbm_fraction)
     print(text, file=out)
+    if topo.hosts > 1:
+      print(_crossing(topo, ranked), file=out)
     caveat = step_time_caveat(topo.chip.name)
     if caveat:
       print(f"note: {caveat}", file=out)
@@ -391,6 +393,17 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   print(f"results: {results.path}\ntensorboard: {tb_dir} "
         f"(tensorboard --logdir {tb_dir})", file=out)
   return SweepRun(run_dir, results.path, tb_dir, ranked, why)
+
+
+def _crossing(topo, ranked: list) -> str:
+  """Which axis of each mesh in the table crosses the hosts (slices)."""
+  from meshes.layout import mesh_name, plan_mesh
+  meshes = dict.fromkeys((r["X"], r["Y"], r.get("P", 1), r.get("D", 1))
+                         for r in ranked if r.get("status") == "ok")
+  return (f"across {topo.network.hosts_word} ({topo.network.name}): "
+          + "; ".join(f"{mesh_name(x, y, p, d)} "
+                      f"{plan_mesh(topo, x, y, P=p, D=d).crossing()}"
+                      for x, y, p, d in meshes))
 
 
 def main(argv) -> None:

@@ -126,6 +126,15 @@ class MeshPlan:
     """The devices of mesh axis `axis` inside one host."""
     return self.size(axis) // self.hosts(axis)
 
+  def crossing(self) -> str:
+    """Which of its axes cross hosts (slices on a TPU): 'X over 2 hosts'."""
+    word = "hosts" if self.topology.chip.kind == "gpu" else "slices"
+    axes = [a for a in (STAGE_AXIS, REPLICA_AXIS, "X", "Y")
+            if self.size(a) > 1 and self.hosts(a) > 1]
+    return " and ".join(f"{a} over {self.hosts(a)} {word}" for a in axes) or (
+        f"inside one {word[:-1]}" if self.topology.hosts == 1
+        else f"inside one of the {word}")
+
   def describe(self) -> str:
     """E.g. 'mesh 16x4 on v5p-128 (64 chips, 4x4x4): X spans axes (1, 2) ...'."""
     def axis(name, axes, m, wrap):

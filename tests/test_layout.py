@@ -229,3 +229,11 @@ def test_data_parallel_replicas_are_laid_out_as_stages_are():
   with pytest.raises(ValueError, match="dp=3 x mesh 4x1 has 12 devices but "
                      "v5e-16 has 16 chips"):
     layout.plan_mesh(parse_topology("v5e-16"), 4, 1, D=3)
+
+
+def test_a_plan_says_which_axis_crosses_the_hosts():
+  assert _plan("h100:2x8", 1, 16).crossing() == "Y over 2 hosts"
+  assert _plan("h100:2x8", 16, 1).crossing() == "X over 2 hosts"
+  assert _plan("h100:8", 8, 1).crossing() == "inside one host"
+  replicas = layout.plan_mesh(parse_topology("h100:2x8"), 8, 1, D=2)
+  assert replicas.crossing() == "D over 2 hosts"

@@ -382,3 +382,12 @@ def test_a_config_json_sweep_runs_under_logdir_and_nothing_evaluated_is_an_error
   assert sorted(os.listdir(model.parent)) == ["three_heads.json"]
   assert len((logdir / "three_heads-v5p-8" / "results.jsonl").read_text()
              .splitlines()) == 3
+
+
+def test_a_multi_host_sweep_says_which_axis_crosses_the_hosts(tmp_path):
+  p = _cli("--model=tiny", "--topology=h100:2x8", "--batches=16", "--seq=64",
+           "--top_k=0", f"--logdir={tmp_path}", "--cache_dir=", "--noprogress")
+  assert p.returncode == 0, p.stderr
+  line = next(l for l in p.stdout.splitlines() if l.startswith("across "))
+  assert line.startswith("across hosts (InfiniBand") and (
+      "16x1 X over 2 hosts" in line)
