@@ -108,8 +108,8 @@ def _scheduler_lines(s: dict, c: dict) -> list[str]:
 def _planned_verdict(peak_no_overhead: int, capacity_bytes: int) -> str:
   """The symbolic side's verdict, as memory_report and mesh_sweep give it:
   the peak with the planning overhead against the same capacity."""
-  from simulator.memory import OVERHEAD_FRACTION
-  planned = peak_no_overhead + int(peak_no_overhead * OVERHEAD_FRACTION)
+  from simulator.memory import OVERHEAD_FRACTION, overhead_bytes
+  planned = peak_no_overhead + overhead_bytes(peak_no_overhead)
   return (f"planned (symbolic, with the {OVERHEAD_FRACTION:.0%} planning "
           f"overhead, the other tools' verdict) {planned / GiB:.4f} GiB: "
           f"{'fits' if planned <= capacity_bytes else 'does NOT fit'}")

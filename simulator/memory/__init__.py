@@ -19,7 +19,8 @@ _EXPORTS = {
     **{name: "simulator.memory.estimate" for name in (
         "CATEGORIES", "OVERHEAD_FRACTION", "PEAK_CATEGORIES", "SCHEMA_VERSION",
         "Contributor", "MemoryEstimate", "largest_batch",
-        "largest_batch_any_schedule", "peak_budget", "to_json")},
+        "largest_batch_any_schedule", "overhead_bytes", "peak_budget",
+        "to_json")},
     **{name: "simulator.memory.from_trace" for name in (
         "estimate_memory", "memory_report")},
     "tpu_tiled_bytes": "simulator.memory.tiling",

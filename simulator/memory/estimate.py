@@ -201,7 +201,7 @@ class MemoryEstimate:
                                          self.traced_batch, self.one_f_one_b):
       at_peak[category] += b
     comparable = sum(arguments.values()) + transient
-    overhead = int(comparable * OVERHEAD_FRACTION)
+    overhead = overhead_bytes(comparable)
     return PeakSummary(
         at_peak=at_peak, compiled_comparable_peak=comparable,
         overhead_bytes=overhead, peak_bytes=comparable + overhead,
@@ -434,7 +434,7 @@ def assemble(tensors: tuple[Tensor, ...], points: Points,
                             rescale(shape, batch, traced_batch), dtype, b,
                             category))
   comparable = arguments + transient
-  totals["overhead"] = int(comparable * OVERHEAD_FRACTION)
+  totals["overhead"] = overhead_bytes(comparable)
   totals["peak"] = peak = comparable + totals["overhead"]
   phases = {part: arguments + v for part, v in
             points.part_peaks(batch, traced_batch, orders).items()}
@@ -469,6 +469,12 @@ def _last(ok, limit: int) -> int:
     mid = (lo + hi) // 2
     lo, hi = (mid, hi) if ok(mid) else (lo, mid)
   return lo
+
+
+def overhead_bytes(comparable_peak: int) -> int:
+  """The planning overhead on a compiler-comparable peak: what `fits` adds
+  to it (the planned peak is the two together)."""
+  return int(comparable_peak * OVERHEAD_FRACTION)
 
 
 def peak_budget(capacity_bytes: int, fraction: float) -> int:
