@@ -5,6 +5,7 @@ Experiments are thin absl apps: parse flags, call one library function, print.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import sys
@@ -264,14 +265,20 @@ def check_lora_flags() -> None:
 
 
 def check_folder(flag: str, path: str | None) -> None:
-  """A file flag whose folder is not there: a one-line error before any
-  work (nothing is written until the run's end)."""
+  """A file flag whose folder is not there or cannot be written: a
+  one-line error before any work (nothing is written until the run's
+  end)."""
   if path is None:
     return
   folder = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(folder):
     fail(f"--{flag}={path!r}: no folder {folder!r}; give a file in an "
          "existing folder")
+  if os.path.isdir(path):
+    fail(f"--{flag}={path!r} is a folder; give a file")
+  if not os.access(folder, os.W_OK):  # the file is written whole, renamed in
+    fail(f"--{flag}={path!r}: the folder {folder!r} cannot be written; give "
+         "a file in a folder that can")
 
 
 def fail(message: str) -> None:
@@ -390,6 +397,14 @@ def _parse(argv: list[str]) -> list[str]:
     fail(repeated)
   try:
     rest = flags.FLAGS(argv)
+  except flags.UnrecognizedFlagError as e:
+    experiment = os.path.splitext(os.path.basename(argv[0]))[0]
+    training = e.flagname in {f.name for f in
+                              dataclasses.fields(S.TrainSettings)}
+    fail(f"{str(e).splitlines()[0]}"
+         + (" (a training setting)" if training else "")
+         + f"; python -m experiments.{experiment} --help lists the flags "
+         "it takes")
   except flags.Error as e:
     fail(str(e).splitlines()[0])
   try:

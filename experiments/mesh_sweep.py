@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import glob
 import json
@@ -140,13 +141,17 @@ def run_dir_for(logdir: str, name: str, resume: bool) -> str:
     try:
       return new_run_dir(logdir, name)
     except OSError as e:  # nothing is written yet: name the flag
+      if e.errno == errno.ENAMETOOLONG and len(name.encode()) > 255:
+        raise ValueError(f"--run_name={name!r}: too long for a folder name "
+                         f"under --logdir={logdir}; give a shorter one"
+                         ) from None
       raise ValueError(f"--logdir={logdir}: {e.strerror or e} "
                        f"({e.filename}); give a folder a run can be made "
                        "in") from None
   found = [d for d in glob.glob(os.path.join(logdir, glob.escape(name) + "*"))
-           if os.path.basename(d) == name or (
+           if os.path.isdir(d) and (os.path.basename(d) == name or (
                os.path.basename(d)[len(name):len(name) + 1] == "-"
-               and os.path.basename(d)[len(name) + 1:].isdigit())]
+               and os.path.basename(d)[len(name) + 1:].isdigit()))]
   if not found:
     raise ValueError(f"--resume: no run {name!r} under {logdir!r} to continue")
   return max(found, key=os.path.getmtime)
@@ -182,8 +187,15 @@ def check_run_settings(run_dir: str, spec) -> None:
   defaults[_POOL] = (capacity.DEFAULT_FRACTION if mine[_POOL] is not None
                      else None)
   if not os.path.exists(path):
-    with open(path, "w") as f:
+    from experiments.results import FILENAME
+    results = os.path.join(run_dir, FILENAME)
+    if os.path.exists(results) and os.path.getsize(results):
+      raise ValueError(f"--resume: {run_dir} holds results but no "
+                       f"{RUN_SETTINGS} (the settings they were made with); "
+                       "start a new run (without --resume)")
+    with open(path + ".tmp", "w") as f:
       json.dump(mine, f, indent=1)
+    os.replace(path + ".tmp", path)
     return
   try:
     with open(path) as f:
@@ -260,9 +272,13 @@ def run_sweep(spec, logdir: str, run_name: str | None = None, resume: bool = Fal
       return _sweep(spec, cfg, topo, run_dir, logdir, top_k, progress, out,
                     cache_dir, workers, ray_address, trace_workers)
     except KeyboardInterrupt:
-      print(f"\ninterrupted: the results so far are kept in "
-            f"{os.path.join(run_dir, 'results.jsonl')}; the same command with "
-            "--resume continues the run", file=sys.stderr)
+      from experiments.results import FILENAME
+      results = os.path.join(run_dir, FILENAME)
+      kept = (f"the results so far are kept in {results}"
+              if os.path.exists(results) and os.path.getsize(results)
+              else f"no config had finished ({run_dir} holds its settings)")
+      print(f"\ninterrupted: {kept}; the same command with --resume "
+            "continues the run", file=sys.stderr)
       sys.exit(130)
 
 
@@ -350,7 +366,9 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
   sweep = search.Sweep(spec, cfg, topo, Cache(cache_dir),
                        workers=trace_workers)
   todo = [c for c in spec.configs(topo) if c.key not in done]
-  print(f"{topo.describe()}; {cfg.name}; {len(todo)} "
+  precision = ("" if spec.precision == "mixed"
+               else f", {spec.precision} precision")
+  print(f"{topo.describe()}; {cfg.name}{precision}; {len(todo)} "
         f"config{'' if len(todo) == 1 else 's'} to evaluate"
         f" ({len(done)} already in {results.path})", file=out)
   painters = None  # started once the sweep traces: it has seconds to go
@@ -377,7 +395,7 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
     ranked = _confirm(sweep, ranked, top_k, workers, results, progress, out,
                       ray_address)
     text = search.table(ranked)
-    why = search.recommendation(ranked, spec.hbm_fraction)
+    why = search.recommendation(ranked, spec.hbm_fraction, spec.precision)
     print(text, file=out)
     if topo.hosts > 1:
       print(_crossing(topo, ranked), file=out)

@@ -5,37 +5,64 @@ whose process is interrupted or killed loses at most the line being written;
 `sync` (after the sweep's loop) puts them on disk, one fsync for the sweep
 rather than one per line (320 fsyncs took 1.2 s of a profiled
 whole-process sweep of llama2_70b on v5p-1024, python -m cProfile). `load` skips
-a torn last line, and `--resume` evaluates only the keys not yet present. Compile
+a torn last line and any line that is not a record, and `--resume`
+evaluates only the keys not yet present. Compile
 confirmation adds fields to lines already written: `update` rewrites the file
 atomically (temp file + os.replace), so it stays one line per config.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Iterator
 
 FILENAME = "results.jsonl"
 
 
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+  """An OSError that names no file (a full disk on write) named `path`,
+  the file or folder being written, for the one-line error."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename:
+      raise
+    raise OSError(e.errno, e.strerror or str(e), path) from None
+
+
 class ResultsFile:
+  """Lines that are not records of this file (a comment, a row of another
+  shape, bytes that are not UTF-8) are not results: `load` skips them and
+  `update` writes them back where they were, so nothing written is lost."""
 
   def __init__(self, path: str, key: Callable[[dict], Hashable]):
     self.path, self.key = path, key
 
-  def load(self) -> list[dict[str, Any]]:
-    """Every complete line, in order; a later line for a key replaces an earlier."""
+  def _lines(self) -> list[str]:
+    """The file's lines as written (bytes that are not UTF-8 kept as they
+    are, surrogate-escaped)."""
     if not os.path.exists(self.path):
       return []
+    with open(self.path, encoding="utf-8", errors="surrogateescape") as f:
+      return f.readlines()
+
+  def _record(self, line: str) -> tuple[Hashable, dict] | None:
+    """(key, record) of a record line, else None."""
+    try:
+      record = json.loads(line)
+      return self.key(record), record
+    except (ValueError, KeyError, TypeError, AttributeError):
+      return None  # torn by an interruption, or not a record
+
+  def load(self) -> list[dict[str, Any]]:
+    """Every record, in order; a later line for a key replaces an earlier."""
     by_key: dict[Hashable, dict] = {}
-    with open(self.path) as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError:
-          continue  # a line torn by an interruption
-        by_key[self.key(record)] = record
+    for line in self._lines():
+      if (parsed := self._record(line)) is not None:
+        by_key[parsed[0]] = parsed[1]
     return list(by_key.values())
 
   def done(self) -> set[Hashable]:
@@ -43,7 +70,7 @@ class ResultsFile:
 
   def append(self, record: dict[str, Any]) -> None:
     self._repair_tail()
-    with open(self.path, "a") as f:
+    with naming(self.path), open(self.path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
 
   def sync(self) -> None:
@@ -53,12 +80,24 @@ class ResultsFile:
         os.fsync(f.fileno())
 
   def update(self, updates: Iterable[dict[str, Any]]) -> None:
-    """Merges each update's fields into the line with the same key."""
-    records = {self.key(r): r for r in self.load()}
+    """Merges each update's fields into the line with the same key (a new
+    key's line added at the end); every other line kept as it is."""
+    lines = self._lines()
+    if lines and not lines[-1].endswith("\n") and self._record(
+        lines[-1]) is None:
+      lines.pop()  # torn by an interruption
+    records = {k: r for k, r in filter(None, map(self._record, lines))}
     for u in updates:
       records.setdefault(self.key(u), {}).update(u)
     tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
+    with naming(tmp), open(tmp, "w", encoding="utf-8",
+                           errors="surrogateescape") as f:
+      for line in lines:
+        parsed = self._record(line)
+        if parsed is None:
+          f.write(line if line.endswith("\n") else line + "\n")
+        elif parsed[0] in records:  # its last value, where it first was
+          f.write(json.dumps(records.pop(parsed[0]), sort_keys=True) + "\n")
       for r in records.values():
         f.write(json.dumps(r, sort_keys=True) + "\n")
       f.flush()

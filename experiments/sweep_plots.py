@@ -83,6 +83,14 @@ class Painters:
     self._procs = []
 
 
+def _png(entry: dict) -> bytes:
+  """A kept picture's PNG bytes; raises on anything else (redrawn then)."""
+  png = base64.b64decode(entry["png"], validate=True)
+  if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+    raise ValueError("not a PNG")
+  return png
+
+
 def drawn(requests: Mapping[str, tuple[str, dict]], cache=None,
           painters: Painters | None = None) -> dict[str, bytes]:
   """{tag: PNG} for {tag: (drawing, data)}: what an earlier draw of equal
@@ -93,9 +101,9 @@ def drawn(requests: Mapping[str, tuple[str, dict]], cache=None,
   for tag, (name, data) in requests.items():
     if cache is not None and cache.directory:
       keys[tag] = cache.key(picture=name, data=data)
-      hit = cache.get("picture", keys[tag])
-      if hit is not None:
-        out[tag] = base64.b64decode(hit["png"])
+      png = cache.get("picture", keys[tag], _png)
+      if png is not None:
+        out[tag] = png
         continue
     todo.append(tag)
   made = (painters.draw([requests[t] for t in todo]) if painters and todo

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from typing import Any, Iterable, Mapping
 
 from experiments import sweep_plots
+from experiments.results import naming
 from meshes.hardware import GiB
 from simulator.search import record_mesh
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
@@ -59,20 +61,36 @@ def _hparam_domain(values: list[Any]) -> hp.Discrete:
   return hp.Discrete(sorted(set(values)))
 
 
+def _writer_thread_errors_told_once(hook=threading.excepthook):
+  """EventFileWriter writes in a thread of its own, which re-raises what
+  failed it (a full disk) into the next write, flush or close here, where
+  it is told on one line; the thread's own traceback is not printed."""
+
+  def told_once(args: threading.ExceptHookArgs) -> None:
+    if type(args.thread).__module__ != EventFileWriter.__module__:
+      hook(args)
+
+  told_once.writer_threads_quiet = True
+  return told_once
+
+
 class MetricsWriter:
   """Writes scalars, text, images and hparams sessions into one run folder."""
 
   def __init__(self, run_dir: str):
     os.makedirs(run_dir, exist_ok=True)
     self.run_dir = run_dir
+    if not getattr(threading.excepthook, "writer_threads_quiet", False):
+      threading.excepthook = _writer_thread_errors_told_once()
     self._writer = EventFileWriter(run_dir)
 
   def _add(self, value: summary_pb2.Summary.Value | summary_pb2.Summary,
            step: int) -> None:
     summary = value if isinstance(value, summary_pb2.Summary) else \
         summary_pb2.Summary(value=[value])
-    self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
-                                           summary=summary))
+    with naming(self.run_dir):
+      self._writer.add_event(event_pb2.Event(
+          wall_time=time.time(), step=int(step), summary=summary))
 
   def scalar(self, tag: str, value: float, step: int) -> None:
     self._add(summary_pb2.Summary.Value(tag=tag, simple_value=float(value)), step)
@@ -127,10 +145,12 @@ class MetricsWriter:
     self.scalars(metrics, step=0)
 
   def flush(self) -> None:
-    self._writer.flush()
+    with naming(self.run_dir):
+      self._writer.flush()
 
   def close(self) -> None:
-    self._writer.close()
+    with naming(self.run_dir):
+      self._writer.close()
 
   def __enter__(self) -> "MetricsWriter":
     return self

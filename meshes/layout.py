@@ -136,10 +136,18 @@ class MeshPlan:
         else f"inside one of the {word}")
 
   def describe(self) -> str:
-    """E.g. 'mesh 16x4 on v5p-128 (64 chips, 4x4x4): X spans axes (1, 2) ...'."""
+    """E.g. 'mesh 16x4 on v5p-128 (64 chips, 4x4x4): X spans axes (1, 2) ...';
+    on GPUs, which of an axis's GPUs share a host's NVLink and which talk
+    over the network."""
     def axis(name, axes, m, wrap):
-      ring = "wraparound" if wrap else "no wraparound"
       hosts = self.hosts(name)
+      if self.topology.fully_connected:  # NVSwitch: no torus axes to span
+        size = self.size(name)
+        link = ("" if size == 1 else " (inside a host: NVLink)" if hosts == 1
+                else f" ({hosts} hosts x {self.local(name)}: the network "
+                     "between hosts)")
+        return f"{name}={size}{link}"
+      ring = "wraparound" if wrap else "no wraparound"
       net = (f", {hosts} {self.topology.network.hosts_word} x "
              f"{self.local(name)}" if hosts > 1 else "")
       return f"{name} spans axes {axes} (M_{name}={m}, {ring}{net})"

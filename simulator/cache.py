@@ -21,8 +21,9 @@ import json
 import os
 import pickle
 import statistics
+import sys
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 _LIBRARIES = ("jax", "jaxlib", "libtpu", "flax", "optax", "numpy",
               "matplotlib")  # the sweep's pictures
@@ -58,10 +59,15 @@ def code_version() -> str:
 
 
 class Cache:
-  """Entries by (kind, key); `directory` None or "" disables the cache."""
+  """Entries by (kind, key); `directory` None or "" disables the cache.
+
+  The cache only saves time, so it never fails a run: an entry that cannot
+  be read or is not what its reader expects is recomputed, and a folder
+  that cannot be written is said once (stderr) and left unwritten."""
 
   def __init__(self, directory: str | None):
     self.directory = directory or None
+    self.unwritable: str | None = None  # why writing stopped, once it did
 
   @staticmethod
   def key(**parts: Any) -> str:
@@ -72,25 +78,30 @@ class Cache:
   def _path(self, kind: str, key: str, suffix: str = ".json") -> str:
     return os.path.join(self.directory, kind, key[:2], f"{key}{suffix}")
 
-  def get(self, kind: str, key: str) -> dict | None:
+  def get(self, kind: str, key: str,
+          read: Callable[[Any], Any] = lambda entry: entry) -> Any:
+    """`read` of the entry, or None where there is none, or it is torn by
+    a crash or not of the shape `read` takes (any error it raises):
+    recomputed then."""
     data = self._read(kind, key, ".json")
     try:
-      return None if data is None else json.loads(data)
-    except ValueError:  # torn by a crash: recompute
+      return None if data is None else read(json.loads(data))
+    except Exception:  # noqa: BLE001 - torn or foreign: recompute
       return None
 
   def put(self, kind: str, key: str, value: dict) -> None:
     self._write(kind, key, ".json", json.dumps(value).encode())
 
-  def get_object(self, kind: str, key: str) -> Any:
-    """An object `put_object` kept (this project's own, pickled: the key
-    covers this project's code, so the classes are the ones that wrote
-    it), or None."""
+  def get_object(self, kind: str, key: str, of_type: type) -> Any:
+    """An `of_type` object `put_object` kept (this project's own, pickled:
+    the key covers this project's code, so the classes are the ones that
+    wrote it), or None."""
     data = self._read(kind, key, ".pickle")
     try:
-      return None if data is None else pickle.loads(data)
+      value = None if data is None else pickle.loads(data)
     except Exception:  # noqa: BLE001 - torn or foreign bytes: recompute
       return None
+    return value if isinstance(value, of_type) else None
 
   def put_object(self, kind: str, key: str, value: Any) -> None:
     self._write(kind, key, ".pickle",
@@ -107,14 +118,24 @@ class Cache:
 
   def _write(self, kind: str, key: str, suffix: str, data: bytes) -> None:
     """Written whole: a temporary file renamed into place."""
-    if not self.directory:
+    if not self.directory or self.unwritable:
       return
     path = self._path(kind, key, suffix)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
+    tmp = None
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+      with os.fdopen(fd, "wb") as f:
+        f.write(data)
+      os.replace(tmp, path)
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+      if tmp and os.path.exists(tmp):
+        os.remove(tmp)
+      self.unwritable = getattr(e, "strerror", None) or str(e)
+      print(f"warning: the cache folder {self.directory} cannot be written "
+            f"({self.unwritable}); this run goes on without keeping its "
+            "results there (--cache_dir= turns the cache off)",
+            file=sys.stderr)
 
   def history(self, kind: str, field: str, **match: Any) -> list[float]:
     """`field` of every `kind` entry whose fields equal `match` (the

@@ -85,11 +85,11 @@ def check_seq(cfg: ModelConfig, settings: TrainSettings) -> None:
 
 def check_flash_length(cfg: ModelConfig, attention: str, text: int,
                        images: int, flag: str) -> None:
-  """A one-line ValueError where flash attention would run over a
-  vision-language model's sequence (its image tokens and `text` tokens,
-  given by --`flag`) that is no multiple of its block: the text lengths
-  that would make one, nearest below and above."""
-  if attention != "flash" or not cfg.vision:
+  """A one-line ValueError where flash attention would run over a sequence
+  (a vision-language model's image tokens and `text` tokens, given by
+  --`flag`) that is no multiple of its block: the text lengths that would
+  make one, nearest below and above."""
+  if attention != "flash":
     return
   n = image_tokens(cfg, images)
   total = n + text
@@ -100,10 +100,11 @@ def check_flash_length(cfg: ModelConfig, attention: str, text: int,
           if k * block > n]
   near = ([t for t in fits if t < text][-1:] + [t for t in fits if t > text]
           )[:2]
+  over = (f"the LM's sequence, {n} image tokens + {text} = {total}" if n
+          else f"{text} tokens")
   raise ValueError(
-      f"{flag}={text}: flash attention runs over the LM's sequence, {n} "
-      f"image tokens + {text} = {total}, which is not a multiple of its "
-      f"block size {block}; choose {flag}="
+      f"{flag}={text}: flash attention runs over {over}, which is not a "
+      f"multiple of its block size {block}; choose {flag}="
       f"{' or '.join(map(str, near))} or --attention=materialized")
 
 

@@ -80,6 +80,16 @@ def record_key(record: dict) -> tuple:
                for f in KEY_FIELDS)
 
 
+def _records_of_group(entry: dict) -> dict[str, dict]:
+  """A group's cache entry, {batch: record}, each a record of its batch;
+  raises on anything else (the cache then recomputes the group)."""
+  records = entry["records"]
+  for batch, record in records.items():
+    if Config(*record_key(record)).batch != int(batch):
+      raise ValueError(f"a record of batch {record['batch']} under {batch}")
+  return records
+
+
 def record_mesh(record: dict) -> str:
   """'XxY', 'P2xXxY' with pipeline stages, 'D2xXxY' with replicas."""
   return mesh_name(record["X"], record["Y"], record.get("P", 1),
@@ -273,7 +283,9 @@ class Sweep:
         settings = self.spec.settings(c.D * c.X * self.spec.whole_micro_batches,
                                       c.remat, c.shard, c.optimizer, c.P)
         key = self._group_key(c, settings)
-        est = self.cache.get_object("groups", key) if cached and key else None
+        from simulator.group_estimate import GroupEstimate
+        est = (self.cache.get_object("groups", key, GroupEstimate)
+               if cached and key else None)
         if est is not None:
           self.groups_cached += 1
         else:
@@ -384,8 +396,8 @@ class Sweep:
       return None
     key = self._records_key(c)
     if key not in self._records:
-      entry = self.cache.get("records", key)
-      self._records[key] = entry["records"] if entry else {}
+      self._records[key] = self.cache.get("records", key,
+                                          _records_of_group) or {}
     record = self._records[key].get(str(c.batch))
     self.records_cached += record is not None
     return record
@@ -403,7 +415,10 @@ class Sweep:
     """Writes the records made here of every group but `but`'s (the sweep
     goes on with that one)."""
     for key in [k for k in self._unkept if k != but]:
-      self.cache.put("records", key, {"records": self._records[key]})
+      # Another sweep of other batches may have kept this group meanwhile.
+      kept = self.cache.get("records", key, _records_of_group) or {}
+      self.cache.put("records", key,
+                     {"records": {**kept, **self._records[key]}})
       self._unkept.discard(key)
 
   def _evaluate(self, c: Config) -> dict[str, Any]:
@@ -491,9 +506,16 @@ def rank(records: list[dict]) -> list[dict]:
   return sorted(records, key=order)
 
 
-def recommendation(ranked: list[dict], fraction: float = HBM_FRACTION) -> str:
+# What X does under each --shard: the recommendation's words for it.
+X_ROLE = {"zero3": "X FSDP", "zero2": "X data-parallel, ZeRO-2",
+          "zero1": "X data-parallel, ZeRO-1", "dp": "X data-parallel"}
+
+
+def recommendation(ranked: list[dict], fraction: float = HBM_FRACTION,
+                   precision: str = "mixed") -> str:
   """One paragraph: the chosen plan and why; `fraction`: the headroom its
-  records' max_batch was found for."""
+  records' max_batch was found for; `precision`: the sweep's, named where
+  it is not the default."""
   best = ranked[0] if ranked else None
   if (best is None or best.get("status") != "ok" or not best["fits"]
       or refuted(best)):
@@ -518,9 +540,11 @@ def recommendation(ranked: list[dict], fraction: float = HBM_FRACTION) -> str:
   stages = (f", {best['P']} pipeline stages on P" if best.get("P", 1) > 1
             else f", {best['D']} data-parallel replicas on D"
             if best.get("D", 1) > 1 else "")
-  text = (f"recommended: mesh {record_mesh(best)} (X FSDP, Y tensor{stages}), batch "
-          f"{best['batch']}, remat {best['remat']}, {best['shard']}, "
-          f"{best['optimizer']}: fits at {best['peak_bytes'] / GiB:.1f} of "
+  text = (f"recommended: mesh {record_mesh(best)} ({X_ROLE[best['shard']]}, "
+          f"Y tensor{stages}), batch {best['batch']}, remat {best['remat']}, "
+          f"{best['shard']}, {best['optimizer']}"
+          + ("" if precision == "mixed" else f", {precision} precision")
+          + f": fits at {best['peak_bytes'] / GiB:.1f} of "
           f"{best['hbm_bytes'] / GiB:.1f} GiB, {best['tokens_per_s']:,.0f} tokens/s, "
           f"predicted MFU {best['mfu']:.1%} (roofline bound "
           f"{_percent(best.get('roofline_mfu'))}), {bound}{thr_text}; the highest "
@@ -596,9 +620,10 @@ def compiled_peak_bytes(cfg: ModelConfig, settings: TrainSettings,
 
 def cached_confirmation(sweep: Sweep, record: dict) -> dict | None:
   """A confirmation compiled before for this exact plan (`from_cache`)."""
-  hit = sweep.cache.get("compiles", sweep.cache_key(
-      Config(*record_key(record)), "compile"))
-  return None if hit is None else {**hit["result"], "from_cache": True}
+  result = sweep.cache.get(
+      "compiles", sweep.cache_key(Config(*record_key(record)), "compile"),
+      lambda hit: dict(hit["result"]))
+  return None if result is None else {**result, "from_cache": True}
 
 
 def compile_job(sweep: Sweep, record: dict) -> tuple:

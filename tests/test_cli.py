@@ -37,6 +37,22 @@ def _run(module, *args):
                         capture_output=True, text=True, timeout=120)
 
 
+def test_an_unknown_flag_says_where_the_flags_are_listed():
+  out = _run("inference_report", "--remat=full")
+  assert out.returncode == 2 and out.stderr == (
+      "error: Unknown command line flag 'remat' (a training setting); "
+      "python -m experiments.inference_report --help lists the flags it "
+      "takes\n")
+
+
+def test_a_file_flag_naming_a_folder_is_refused(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.check_folder("keep", str(tmp_path))
+  assert e.value.code == 2
+  assert capsys.readouterr().err == (
+      f"error: --keep={str(tmp_path)!r} is a folder; give a file\n")
+
+
 def test_help_lists_the_shared_flags():
   """--help shows the flags every experiment shares (defined here), not
   only the entry point's own."""

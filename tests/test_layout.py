@@ -77,6 +77,16 @@ def test_seed_004_mesh_on_v5p_128():
       "(M_X=2, wraparound); Y spans axes (0,) (M_Y=1, wraparound)")
 
 
+def test_a_gpu_mesh_says_which_axis_crosses_hosts_in_gpu_words():
+  """No torus axes or wraparound on NVSwitch: each axis's GPUs inside a
+  host (NVLink) or over hosts (the network)."""
+  assert _plan("h100:2x8", 8, 2).describe().endswith(
+      ": X=8 (2 hosts x 4: the network between hosts); Y=2 (inside a host: "
+      "NVLink)")
+  assert _plan("h100:8", 1, 8).describe().endswith(
+      ": X=1; Y=8 (inside a host: NVLink)")
+
+
 def test_overrides_change_only_m():
   plan = _plan("v5p-128", 8, 8, m_x=2, m_y=1)  # seed 004 uses M_X=2, M_Y=1 throughout
   default = _plan("v5p-128", 8, 8)

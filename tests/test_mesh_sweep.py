@@ -72,6 +72,8 @@ def test_resume_redoes_and_duplicates_nothing(run, tmp_path):
   d = tmp_path / "r"
   d.mkdir()
   (d / "results.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:10])
+  (d / mesh_sweep.RUN_SETTINGS).write_text(
+      open(os.path.join(run_dir, mesh_sweep.RUN_SETTINGS)).read())
   import io
   out = io.StringIO()
   mesh_sweep.run_sweep(SPEC, str(tmp_path), "r", resume=True, top_k=0,
@@ -270,6 +272,27 @@ def test_resume_of_a_run_whose_settings_file_is_torn_names_it(tmp_path):
     mesh_sweep.check_run_settings(str(run_dir), SPEC)
 
 
+def test_resume_of_results_without_their_settings_is_refused(tmp_path):
+  """Results whose run.json is gone could be of any --seq: not resumed as
+  this command's."""
+  run_dir = tmp_path / "t"
+  run_dir.mkdir()
+  (run_dir / "results.jsonl").write_text('{"X": 4}\n')
+  with pytest.raises(ValueError, match=r"holds results but no run.json"):
+    mesh_sweep.check_run_settings(str(run_dir), SPEC)
+  (tmp_path / "u").mkdir()
+  mesh_sweep.check_run_settings(str(tmp_path / "u"), SPEC)  # a new run
+  assert (tmp_path / "u" / mesh_sweep.RUN_SETTINGS).exists()
+
+
+def test_resume_takes_a_folder_and_a_too_long_name_is_the_run_names(tmp_path):
+  (tmp_path / "tiny-v5p-8").write_text("not a run")
+  with pytest.raises(ValueError, match="no run 'tiny-v5p-8'"):
+    mesh_sweep.run_dir_for(str(tmp_path), "tiny-v5p-8", resume=True)
+  with pytest.raises(ValueError, match=r"^--run_name='xxx.*too long"):
+    mesh_sweep.run_dir_for(str(tmp_path), "x" * 300, resume=False)
+
+
 def test_a_run_is_written_by_one_sweep_at_a_time(swept):
   run_dir = swept[1].run_dir
   with mesh_sweep.run_lock(run_dir):
@@ -297,7 +320,14 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, monkeypatch,
                          out=open(os.devnull, "w"))
   assert stop.value.code == 130
   err = capsys.readouterr().err
-  assert "interrupted" in err and "--resume" in err
+  assert "interrupted: the results so far are kept in" in err
+  assert "--resume" in err
+  monkeypatch.setattr(mesh_sweep, "_sweep", lambda *a: (_ for _ in ()).throw(
+      KeyboardInterrupt))  # before any config finished: no results to name
+  with pytest.raises(SystemExit):
+    mesh_sweep.run_sweep(SPEC, str(tmp_path), "d", top_k=0, progress=False,
+                         out=open(os.devnull, "w"))
+  assert "interrupted: no config had finished" in capsys.readouterr().err
   monkeypatch.setattr(mesh_sweep, "_sweep", real)
   run = mesh_sweep.run_sweep(SPEC, str(tmp_path), "c", resume=True, top_k=0,
                              progress=False, out=open(os.devnull, "w"))

@@ -9,7 +9,8 @@ import pytest
 from models.registry import load_model
 from simulator.model_checks import (PlanError, check_heads_over_y,
                                     check_model_settings, check_pipeline,
-                                    check_seq, kv_heads_replicated,
+                                    check_flash_length, check_seq,
+                                    kv_heads_replicated,
                                     with_images)
 from simulator.settings import TrainSettings
 
@@ -86,6 +87,18 @@ def test_importing_the_checks_imports_no_jax():
   out = subprocess.run([sys.executable, "-c", probe], capture_output=True,
                        text=True, timeout=60, check=True).stdout
   assert out.strip() == "False"
+
+
+def test_flash_over_a_decoder_names_the_flag_and_the_lengths_that_fit():
+  """A decoder's (or an encoder's) flash attention over a length its block
+  does not divide: the flag named, with the lengths nearest that fit."""
+  cfg = load_model("llama2_7b")
+  with pytest.raises(ValueError, match=r"^prompt=1000: flash attention runs "
+                     r"over 1000 tokens, .* choose prompt=512 or 1024 or "
+                     r"--attention=materialized$"):
+    check_flash_length(cfg, "flash", 1000, 0, "prompt")
+  check_flash_length(cfg, "materialized", 1000, 0, "prompt")
+  check_flash_length(cfg, "flash", 1024, 0, "prompt")
 
 
 @pytest.mark.parametrize("seq,valid", [(256, "448 or 960"),

@@ -32,3 +32,41 @@ def test_a_torn_last_line_is_dropped_and_the_next_starts_clean(tmp_path):
   results.append({"k": 3})
   results.sync()
   assert [r["k"] for r in results.load()] == [1, 3]
+
+
+def test_lines_that_are_not_records_are_skipped_and_kept(tmp_path):
+  """A comment, valid JSON of another shape and bytes that are not UTF-8
+  are no results: `load` skips them, `update` writes them back where they
+  were (a --keep file a person edits loses nothing)."""
+  path = tmp_path / "rows.jsonl"
+  with open(path, "wb") as f:
+    f.write(b'{"k": 1, "v": 1}\n# a note\n{}\n42\n'
+            b'garbage \x00\xff not json\n{"k": 2, "v": 2}\n')
+  results = ResultsFile(str(path), lambda x: x["k"])
+  assert results.load() == [{"k": 1, "v": 1}, {"k": 2, "v": 2}]
+  results.update([{"k": 2, "v": 3}, {"k": 4, "v": 4}])
+  with open(path, "rb") as f:
+    assert f.read().splitlines() == [
+        b'{"k": 1, "v": 1}', b"# a note", b"{}", b"42",
+        b"garbage \x00\xff not json", b'{"k": 2, "v": 3}', b'{"k": 4, "v": 4}']
+
+
+def test_update_drops_a_torn_last_line(tmp_path):
+  path = tmp_path / "rows.jsonl"
+  with open(path, "w") as f:
+    f.write('{"k": 1}\n{"k": 2, "tor')
+  ResultsFile(str(path), lambda x: x["k"]).update([{"k": 3}])
+  with open(path) as f:
+    assert f.read() == '{"k": 1}\n{"k": 3}\n'
+
+
+def test_a_failed_write_names_the_file(tmp_path):
+  """ENOSPC on write names no file; `naming` gives it the one written."""
+  from experiments.results import naming
+  import errno
+  import pytest
+  with pytest.raises(OSError) as e:
+    with naming("/somewhere/results.jsonl"):
+      raise OSError(errno.ENOSPC, "No space left on device")
+  assert e.value.filename == "/somewhere/results.jsonl"
+  assert e.value.errno == errno.ENOSPC

@@ -159,6 +159,21 @@ def test_a_value_given_twice_and_a_bad_pool_share_are_refused(monkeypatch):
   assert keys[0] != keys[1]
 
 
+def test_the_recommendation_names_what_x_does_and_the_precision():
+  plan = dict(status="ok", fits=True, X=8, Y=1, batch=32, remat="full",
+              shard="zero1", optimizer="adamw", peak_bytes=30 * search.GiB,
+              hbm_bytes=95 * search.GiB, mfu=0.4, roofline_mfu=0.6,
+              threshold_tokens_global=65536, tokens_per_s=900.0,
+              compute_bound=True)
+  text = search.recommendation([plan], precision="bf16")
+  assert text.startswith("recommended: mesh 8x1 (X data-parallel, ZeRO-1, "
+                         "Y tensor), batch 32, remat full, zero1, adamw, "
+                         "bf16 precision: fits")
+  assert "(X FSDP, Y tensor)" in search.recommendation(
+      [dict(plan, shard="zero3")])
+  assert "precision" not in search.recommendation([plan])
+
+
 def test_nothing_fits_recommendation_names_the_smallest():
   r = dict(status="ok", fits=False, X=2, Y=4, batch=8, remat="full",
            peak_bytes=200 * search.GiB, hbm_bytes=95 * search.GiB)

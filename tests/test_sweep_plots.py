@@ -81,6 +81,17 @@ def test_a_picture_of_the_same_data_comes_from_the_cache(tmp_path,
   assert not [p for p in tmp_path.rglob("*.tmp")]  # entries written whole
 
 
+def test_a_kept_picture_that_is_no_png_is_drawn_again(tmp_path):
+  cache = Cache(str(tmp_path))
+  records = _records()
+  first = sweep_plots.pictures(records, 95 * GiB, cache)
+  paths = list(tmp_path.rglob("*.json"))
+  for path, bad in zip(paths, ["{}", '{"png": "!!not base64"}',
+                               '{"png": "aGVsbG8="}'] * len(paths)):
+    path.write_text(bad)
+  assert sweep_plots.pictures(records, 95 * GiB, cache) == first
+
+
 def test_painters_draw_what_this_process_draws():
   """The pictures drawn in the painters' processes, side by side, are the
   bytes drawn here (asked of the painters directly: `pictures` would draw

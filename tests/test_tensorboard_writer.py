@@ -96,3 +96,23 @@ def test_what_ranks_plans_is_among_the_five_metrics_shown_by_default():
   from experiments import tensorboard_writer as tw
   assert "perf/tokens_per_s" in list(tw.SWEEP_METRICS)[:5]
   assert "perf/mfu" in list(tw.SWEEP_METRICS)[:5]
+
+
+def test_the_writer_threads_failure_is_told_once_by_the_writer(tmp_path):
+  """EventFileWriter's thread re-raises a failed write (a full disk) into
+  the next write here, named by the run folder; its own traceback is not
+  printed (threading.excepthook), while other threads' still are."""
+  import threading
+  seen = []
+  hook = tbw._writer_thread_errors_told_once(seen.append)
+  writer = tbw.MetricsWriter(str(tmp_path / "run"))
+  writer_thread = next(t for t in threading.enumerate()
+                       if type(t).__module__ == tbw.EventFileWriter.__module__)
+  hook(threading.ExceptHookArgs((OSError, OSError(28, "full"), None,
+                                 writer_thread)))
+  assert seen == []
+  other = threading.ExceptHookArgs((ValueError, ValueError(), None,
+                                    threading.current_thread()))
+  hook(other)
+  assert seen == [other]
+  writer.close()
