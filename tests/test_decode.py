@@ -59,11 +59,12 @@ def _serve(cfg, kv_dtype, ids, split, decode_positions):
                                cfg.n_kv_heads, cfg.head_dim, kv_dtype)
   empty = decode.KVCache(**{n: jnp.zeros(s, d)
                             for n, (s, d, _) in layout.items()})
-  run = jax.jit(lambda x, cache, pos: model.apply(
-      {"params": params}, x, cache=cache, pos=pos))
-  full, _ = run(ids, empty, 0)
-  _, cache = run(ids[:, :split], empty, 0)
-  steps = [run(ids[:, split:split + 1], cache, jnp.int32(p))[0]
+  # The weights an argument, not constants: each shape compiles once, fast.
+  run = jax.jit(lambda p, x, cache, pos: model.apply(
+      {"params": p}, x, cache=cache, pos=pos))
+  full, _ = run(params, ids, empty, jnp.int32(0))
+  _, cache = run(params, ids[:, :split], empty, jnp.int32(0))
+  steps = [run(params, ids[:, split:split + 1], cache, jnp.int32(p))[0]
            for p in decode_positions]
   return np.asarray(full), [np.asarray(x) for x in steps]
 

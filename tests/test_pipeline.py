@@ -66,9 +66,10 @@ def test_the_pipeline_computes_the_unpipelined_loss_and_gradients():
   staged = Decoder(TINY4, stages=2, microbatches=4, dtype=jnp.float32)
   params = nn.unbox(plain.init(jax.random.key(0), ids, ids)["params"])
   loss = lambda m, p: m.apply({"params": p}, ids, ids)
-  got, grads = jax.value_and_grad(lambda p: loss(staged, p))(
+  got, grads = jax.jit(jax.value_and_grad(lambda p: loss(staged, p)))(
       _unstaged_to_staged(params, 2))
-  want, want_grads = jax.value_and_grad(lambda p: loss(plain, p))(params)
+  want, want_grads = jax.jit(jax.value_and_grad(lambda p: loss(plain, p)))(
+      params)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   np.testing.assert_allclose(grads["embedding"], want_grads["embedding"],
                              rtol=1e-4, atol=1e-6)

@@ -214,20 +214,22 @@ def test_served_logits_give_the_training_loss(kv_dtype, tol):
   model = module_class(TINY)(TINY, attention="materialized",
                              dtype=jnp.float32, param_dtype=jnp.float32)
   params = jax.jit(model.init)(jax.random.key(0), ids, images, ids)["params"]
-  trained = float(model.apply({"params": params}, ids, images, ids))
+  trained = float(jax.jit(lambda p: model.apply({"params": p}, ids, images,
+                                                 ids))(params))
   n = image_tokens(TINY, 1)
-  serve = jax.jit(lambda c, x, t, pos: model.apply(
-      {"params": params}, t, x, cache=c, pos=pos))
+  # The weights an argument, not constants: each step compiles once, fast.
+  serve = jax.jit(lambda p, c, x, t, pos: model.apply(
+      {"params": p}, t, x, cache=c, pos=pos))
 
   def served(skip=None):
     cache = decode.KVCache(**{
         k: jnp.zeros(shape, dtype) for k, (shape, dtype, _) in
         decode.cache_layout(TINY.n_layers, 2, n + ids.shape[1] + 1,
                             TINY.n_kv_heads, TINY.head_dim, kv_dtype).items()})
-    logits, cache = serve(cache, images, ids[:, :1], 0)
+    logits, cache = serve(params, cache, images, ids[:, :1], jnp.int32(0))
     steps = [logits]
     for i in range(1, ids.shape[1]):
-      logits, cache = serve(cache, None, ids[:, i:i + 1],
+      logits, cache = serve(params, cache, None, ids[:, i:i + 1],
                             jnp.int32(n + i + (i == skip)))
       steps.append(logits)
     logits_BxSxV = jnp.stack(steps, axis=1)
