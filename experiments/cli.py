@@ -250,9 +250,12 @@ def define_adapter_flags() -> None:
 
 def train_settings() -> S.TrainSettings:
   """The run settings the parsed flags name (flags are named as its fields)."""
+  from simulator.model_checks import check_stage_settings
   f = flags.FLAGS
   check_lora_flags()
-  return S.settings_from({name: f[name].value for name in f})
+  settings = S.settings_from({name: f[name].value for name in f})
+  check_stage_settings(settings)
+  return settings
 
 
 def check_lora_flags() -> None:

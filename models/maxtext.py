@@ -88,6 +88,8 @@ _READ = {"per_device_batch_size", "max_target_length", "remat_policy",
          "dcn_tensor_parallelism", "enable_flash_attention",
          "mlp_activations", "logits_via_embedding", "fused_qkv",
          "capacity_factor", "megablox", "sparse_matmul",
+         "ici_pipeline_parallelism", "dcn_pipeline_parallelism",
+         "num_pipeline_microbatches", "num_layers_per_pipeline_stage",
          *_CUSTOM_DEFAULTS}
 # Dim overrides MaxText applies before scaling.
 _DIMS = {"base_emb_dim": "d_model", "base_num_query_heads": "n_heads",
@@ -303,7 +305,7 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
   else:
     put("seq", target, given_target)
   ici = _axes(o, "ici", {"data": 1, "fsdp": -1, "fsdp_transpose": 1,
-                         "tensor": 1}, chips // slices)
+                         "tensor": 1, "pipeline": 1}, chips // slices)
   dcn_tensor = _int(o, "dcn_tensor_parallelism", 1)
   if dcn_tensor != 1 and ici["tensor"] != chips // slices:
     # Y over hosts is laid here over whole ones (meshes.layout: Y takes a
@@ -315,7 +317,7 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
                      f"ones here; give ici_tensor_parallelism={chips // slices}"
                      " (a slice's or host's chips) or dcn_tensor_parallelism=1")
   dcn = _axes(o, "dcn", {"data": -1, "fsdp": 1, "fsdp_transpose": 1,
-                         "tensor": 1}, slices)
+                         "tensor": 1, "pipeline": 1}, slices)
   # fsdp_transpose is FSDP over a second mesh axis (MaxText shards the
   # batch over it too, and each weight on its other dim): the same bytes
   # gathered and reduced, so it joins X.
@@ -337,6 +339,8 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
     put("dp", ici["data"] * dcn["data"],
         f"ici_data_parallelism={ici['data']} dcn_data_parallelism="
         f"{dcn['data']} (replicas: weights sharded over X alone)")
+  if ici["pipeline"] * dcn["pipeline"] > 1:
+    _pipeline(o, ici["pipeline"], dcn["pipeline"], _config(name, cfg), put)
   remat = o.get("remat_policy", "full")
   if remat == "custom":
     spec, given = custom_remat(o, _gated(_config(name, cfg)))
@@ -387,6 +391,29 @@ def maxtext_run(text: str, chips: int, slices: int = 1,
         not serving or key not in _SERVING):
       unexpressed.append(f"{key}={value}")
   return MaxTextRun(flags, tuple(mapping), tuple(unexpressed))
+
+
+def _pipeline(o: dict, ici: int, dcn: int, model, put) -> None:
+  """MaxText's pipeline stages as --pp and --microbatches (its
+  num_pipeline_microbatches -1: one per stage). Here a stage holds its
+  layers whole (one repeat: num_layers_per_pipeline_stage x stages = the
+  layers); MaxText's circular pipeline, more repeats of fewer layers, is
+  not built here and is refused."""
+  pp = ici * dcn
+  per_stage = _int(o, "num_layers_per_pipeline_stage", 1)
+  if model is not None and per_stage * pp != model.n_layers:
+    raise ValueError(
+        f"MaxText num_layers_per_pipeline_stage={per_stage} with {pp} "
+        f"pipeline stages runs {model.n_layers} layers in "
+        f"{model.n_layers / (per_stage * pp):g} repeats (a circular "
+        "pipeline); stages here hold their layers whole (one repeat): give "
+        f"num_layers_per_pipeline_stage={model.n_layers // pp}")
+  put("pp", pp, f"ici_pipeline_parallelism={ici} dcn_pipeline_parallelism="
+      f"{dcn} (stages on a mesh axis P)")
+  microbatches = _int(o, "num_pipeline_microbatches", -1)
+  put("microbatches", pp if microbatches == -1 else microbatches,
+      "num_pipeline_microbatches="
+      + o.get("num_pipeline_microbatches", "-1 (default: one per stage)"))
 
 
 def _serving(o: dict, target: int, given_target: str, put) -> None:

@@ -82,9 +82,9 @@ def nf4_kernel(module: nn.Module, name: str, shape: Sequence[int],
   out in the compute layout."""
   *lead, last = shape
   if last % BLOCK:
-    raise ValueError(f"{module.name}/{name}: nf4 blocks of {BLOCK} along the "
-                     f"last dim need it to be a multiple of {BLOCK}, not "
-                     f"{last}")
+    raise ValueError(f"base_quant=nf4: {module.name}/{name}'s last dim is "
+                     f"{last}, not a multiple of nf4's blocks of {BLOCK}; "
+                     "choose --base_quant=int8 or none")
   blocks = math.prod(lead) * last // BLOCK
   codes = _param(module, f"{name}_nf4", (*lead, last // 2), names, jnp.uint8)
   absmax = _param(module, f"{name}_absmax", (*lead, last // BLOCK), names,

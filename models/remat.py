@@ -44,7 +44,7 @@ def _names(spec: str) -> list[str]:
   return names
 
 
-def _split(spec: str) -> tuple[list[str] | None, list[str] | None]:
+def split(spec: str) -> tuple[list[str] | None, list[str] | None]:
   """(saved names, offloaded names) of a names:/offload: spec, None where
   the spec has no such part; (None, None) for any other spec."""
   saved = offloaded = None
@@ -78,7 +78,7 @@ def check(spec: str) -> str:
   what is wrong with it; needs no jax (a cached sweep validates its flags
   without importing it)."""
   spec = canonical(spec)
-  if spec not in ("none", "full", "dots") and _split(spec) == (None, None):
+  if spec not in ("none", "full", "dots") and split(spec) == (None, None):
     raise ValueError(f"unknown remat {spec!r}; valid: {', '.join(POLICIES)} "
                      f"or MaxText's {', '.join(MAXTEXT_POLICIES)}")
   return spec
@@ -99,7 +99,7 @@ def policy(spec: str) -> Callable | None:
     return cp.nothing_saveable
   if spec == "dots":
     return cp.dots_with_no_batch_dims_saveable
-  saved, offloaded = _split(spec)
+  saved, offloaded = split(spec)
   if offloaded is None:
     return cp.save_only_these_names(*saved)
   return cp.save_and_offload_only_these_names(

@@ -6,6 +6,7 @@ cache checks its flags without importing jax (simulator.search)."""
 from __future__ import annotations
 
 from meshes.layout import divisors
+from models import remat as remat_policies
 from models.config import (FLASH_BLOCK, GATED_MLPS, ModelConfig,
                            at_resolution, image_tokens)
 from simulator.settings import TrainSettings
@@ -24,6 +25,13 @@ def kv_heads_replicated(cfg: ModelConfig, y: int) -> bool:
   return cfg.attention and cfg.n_kv_heads % y != 0
 
 
+def _given(settings: TrainSettings, **defaults) -> str:
+  """'name=value, ...' of the settings among `defaults` that differ from
+  them: what a user set, for an error naming only that."""
+  return ", ".join(f"{k}={getattr(settings, k)}" for k, d in defaults.items()
+                   if getattr(settings, k) != d)
+
+
 def check_heads_over_y(cfg: ModelConfig, y: int) -> None:
   """PlanError where Y divides neither the kv heads nor the query heads per
   kv head (simulator.step's rules replicate the kv heads otherwise); a
@@ -34,8 +42,9 @@ def check_heads_over_y(cfg: ModelConfig, y: int) -> None:
   if groups % y:
     valid = sorted(set(divisors(cfg.n_kv_heads)) | set(divisors(groups)))
     raise PlanError(
-        f"Y={y} divides neither the {cfg.n_kv_heads} kv heads nor the "
-        f"{groups} query heads per kv head; valid Y: "
+        f"Y={y} divides neither the {cfg.n_kv_heads} kv "
+        f"head{'s' if cfg.n_kv_heads > 1 else ''} nor the "
+        f"{groups} query heads per kv head; Y the heads allow: "
         f"{', '.join(map(str, valid))} (a Y dividing the kv heads shards "
         "them; one dividing the query heads per kv head replicates them)")
 
@@ -58,17 +67,40 @@ def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
                      f"{', '.join(map(str, divisors(cfg.n_layers)))}")
 
 
+def check_stage_settings(settings: TrainSettings) -> None:
+  """One-line ValueErrors for settings a pipeline's stages do not run as
+  asked, raised for what a user asks (the flags; a sweep records it as
+  that plan's reason), not where the step is built (a kept corpus row,
+  #89, is that program): the stages run under vmap, which gives every matmul a batch
+  dimension, so JAX's dots_with_no_batch_dims_saveable saves nothing there
+  (the same program as remat=full: corpus #89, gpt2 P2x2x1 dots, holds only
+  the layer inputs); and parameters fetched from host memory per layer
+  are not built for a stage's layers."""
+  pp = settings.pp
+  if pp == 1:
+    return
+  if remat_policies.canonical(settings.remat) == "dots":
+    raise ValueError(f"remat={settings.remat} with pp={pp}: the stages run "
+                     "under vmap, where every matmul has a batch dimension "
+                     "and this policy saves none (the same program as "
+                     "remat=full); choose full, none or names:... (e.g. "
+                     "names:qkv,mlp_in)")
+  if "params" in settings.offload:
+    raise ValueError(f"offload={','.join(settings.offload)} with pp={pp}: "
+                     "parameters fetched from host memory per layer are not "
+                     "built for pipeline stages; choose pp=1 or "
+                     "--offload=optimizer")
+
+
 def with_images(cfg: ModelConfig, settings: TrainSettings) -> ModelConfig:
   """`cfg` at the settings' image and patch size (models.config's
   `at_resolution`); a text model given image settings is a one-line
   ValueError."""
-  if not cfg.vision and (settings.images_per_sample or settings.train_vision
-                         or settings.vision_sharding != "sharded"):
-    raise ValueError(f"images_per_sample={settings.images_per_sample}, "
-                     f"train_vision={settings.train_vision}, vision_sharding="
-                     f"{settings.vision_sharding}: {cfg.name} has no vision "
-                     "tower; images go with a vision-language model (e.g. "
-                     "llava_1_5_7b)")
+  given = _given(settings, images_per_sample=0, train_vision=False,
+                 vision_sharding="sharded")
+  if not cfg.vision and given:
+    raise ValueError(f"{given}: {cfg.name} has no vision tower; images go "
+                     "with a vision-language model (e.g. llava_1_5_7b)")
   return at_resolution(cfg, settings.image_size, settings.patch_size)
 
 
@@ -116,12 +148,11 @@ def check_model_settings(cfg: ModelConfig, settings: TrainSettings) -> None:
     raise ValueError(f"target_seq={settings.target_seq}: {cfg.name} has no "
                      "encoder; target_seq is an encoder-decoder's decoder "
                      "length")
-  if not cfg.moe and (settings.capacity_factor != 1.0
-                      or settings.expert_axis != "none"):
-    raise ValueError(f"capacity_factor={settings.capacity_factor}, "
-                     f"expert_axis={settings.expert_axis}: {cfg.name} has no "
-                     "mixture of experts; these set a routed model's experts "
-                     "(e.g. mixtral_8x7b)")
+  given = _given(settings, capacity_factor=1.0, expert_axis="none")
+  if not cfg.moe and given:
+    raise ValueError(f"{given}: {cfg.name} has no mixture of experts; "
+                     f"{'these set' if ',' in given else 'it sets'} a routed "
+                     "model's experts (e.g. mixtral_8x7b)")
   mlp_targets = sorted(set(settings.lora_targets) & {"wi", "wi_gate", "wo"})
   if cfg.moe and settings.lora_rank and mlp_targets:
     raise ValueError(f"lora_targets={','.join(settings.lora_targets)}: "
@@ -130,6 +161,14 @@ def check_model_settings(cfg: ModelConfig, settings: TrainSettings) -> None:
                      "o")
   if settings.lora_rank:
     check_lora(cfg, settings)
+  spec = remat_policies.canonical(settings.remat)
+  if cfg.encoder_decoder and spec not in ("none", "full", "dots"):
+    if any("decoder_layer_input" in (names or ())
+           for names in remat_policies.split(spec)):
+      raise ValueError(f"remat={settings.remat}: {cfg.name}'s encoder and "
+                       "decoder layers name no decoder_layer_input (a "
+                       "decoder-only model's layer input); its other names "
+                       "apply, e.g. offload:qkv")
   if settings.lora_rank and settings.train_vision:
     raise ValueError(f"train_vision=True with lora_rank={settings.lora_rank}:"
                      " adapters train the language model's projections and "

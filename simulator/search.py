@@ -41,6 +41,7 @@ from simulator.memory.capacity import (HBM_FRACTION, capacity_bytes,
                                        check_hbm_fraction, pool_share)
 from simulator.model_checks import (PlanError, check_heads_over_y,
                                      check_model_settings, check_pipeline,
+                                     check_stage_settings,
                                      check_seq, with_images)
 from simulator.settings import TrainSettings, settings_from
 
@@ -293,6 +294,7 @@ class Sweep:
             # A mesh its heads refuse, found without tracing (the step's
             # build would raise the same PlanError).
             check_heads_over_y(with_images(self.cfg, settings), c.Y)
+            check_stage_settings(settings)
             with _gc_paused():
               est = self._estimate(c, plan, settings)
             if key:

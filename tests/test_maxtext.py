@@ -141,6 +141,28 @@ def test_the_data_axis_is_replicas_and_fsdp_is_x(text, slices, mesh, dp):
   assert not run.unexpressed
 
 
+def test_pipeline_stages_are_pp_and_a_circular_pipeline_is_refused():
+  """MaxText's ici/dcn_pipeline_parallelism is --pp (its microbatches -1:
+  one per stage) where each stage holds its layers whole; its default of
+  one layer per stage, a circular pipeline, is refused with the value that
+  makes one repeat."""
+  run = maxtext.maxtext_run(
+      "model_name=llama2-70b ici_pipeline_parallelism=4 "
+      "num_layers_per_pipeline_stage=20 num_pipeline_microbatches=8",
+      chips=64)
+  assert (run.flags["mesh"], run.flags["pp"], run.flags["microbatches"]) == (
+      "16x1", "4", "8")
+  assert not run.unexpressed
+  run = maxtext.maxtext_run("model_name=llama2-70b ici_pipeline_parallelism=2"
+                            " num_layers_per_pipeline_stage=40", chips=64)
+  assert run.flags["microbatches"] == "2"
+  with pytest.raises(ValueError, match="runs 80 layers in 20 repeats .a "
+                     "circular pipeline.; .* give num_layers_per_pipeline_"
+                     "stage=20"):
+    maxtext.maxtext_run("model_name=llama2-70b ici_pipeline_parallelism=4",
+                        chips=64)
+
+
 @pytest.mark.parametrize("text,match", [
     ("ici_fsdp_parallelism=8 ici_tensor_parallelism=4", "is not 64 chips"),
     ("ici_tensor_parallelism=3", "ici_tensor_parallelism=3 does not divide "

@@ -21,7 +21,8 @@ def _settings(**kw) -> TrainSettings:
 
 @pytest.mark.parametrize("model,kw,needle", [
     ("tiny", {"target_seq": 16}, "has no encoder"),
-    ("tiny", {"capacity_factor": 1.25}, "has no mixture of experts"),
+    ("tiny", {"capacity_factor": 1.25}, "^capacity_factor=1.25: tiny has no "
+     "mixture of experts; it sets"),
     ("tiny_moe", {"lora_rank": 4, "lora_targets": ("q", "wi")},
      "'wi' is in tiny_moe's mixture of experts"),
     # an adapter on a projection the model lacks would train nothing
@@ -52,9 +53,9 @@ def test_y_divides_the_kv_heads_or_the_query_heads_per_kv_head():
   check_heads_over_y(gemma, 4)
   assert kv_heads_replicated(gemma, 4)
   with pytest.raises(PlanError, match="nor the 8 query heads per kv head; "
-                     "valid Y: 1, 2, 4, 8 "):
+                     "Y the heads allow: 1, 2, 4, 8 "):
     check_heads_over_y(gemma, 16)
-  with pytest.raises(PlanError, match="valid Y: 1, 2, 4, 8 "):
+  with pytest.raises(PlanError, match="Y the heads allow: 1, 2, 4, 8 "):
     check_heads_over_y(load_model("llama3_8b"), 16)  # 8 kv heads of 4
 
 
@@ -115,3 +116,38 @@ def test_flash_over_image_tokens_names_the_text_lengths_that_fit(seq, valid):
     check_seq(cfg, _settings(seq=ok, attention="flash"))
   check_seq(cfg, _settings(seq=seq, attention="materialized"))
   check_seq(load_model("tiny"), _settings(seq=seq, attention="flash"))
+
+
+def test_stages_refuse_what_they_would_not_run_as_asked():
+  """Under pp the stages' vmap gives every matmul a batch dimension, so
+  dots (MaxText's minimal) saves nothing, remat=full's program; parameters
+  fetched from host memory are not built for stages."""
+  from simulator.model_checks import check_stage_settings
+  for remat in ("dots", "minimal"):
+    with pytest.raises(ValueError, match=f"^remat={remat} with pp=2: the "
+                       "stages run under vmap"):
+      check_stage_settings(_settings(remat=remat, pp=2, microbatches=2))
+  with pytest.raises(ValueError, match="^offload=params with pp=2: "):
+    check_stage_settings(_settings(offload=("params",), pp=2, microbatches=2))
+  check_stage_settings(_settings(remat="names:qkv,mlp_in", pp=2,
+                                 microbatches=2))
+  check_stage_settings(_settings(remat="dots"))
+
+
+def test_an_encoder_decoder_refuses_the_decoder_only_layer_input_name():
+  t5 = load_model("t5_large")
+  with pytest.raises(ValueError, match="^remat=offload:decoder_layer_input: "
+                     "t5_large's encoder and decoder layers name no "):
+    check_model_settings(t5, _settings(remat="offload:decoder_layer_input"))
+  check_model_settings(t5, _settings(remat="save_qkv_proj"))
+  check_model_settings(load_model("llama2_7b"),
+                       _settings(remat="offload:decoder_layer_input"))
+
+
+def test_a_setting_of_another_kind_of_model_is_named_alone():
+  with pytest.raises(ValueError, match="^expert_axis=x: gpt2 has no mixture "
+                     "of experts; it sets"):
+    check_model_settings(load_model("gpt2"), _settings(expert_axis="x"))
+  with pytest.raises(ValueError, match="^train_vision=True: gpt2 has no "
+                     "vision tower"):
+    with_images(load_model("gpt2"), _settings(train_vision=True))
