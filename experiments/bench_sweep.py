@@ -100,6 +100,7 @@ def main(argv) -> None:
   from experiments.mesh_sweep import join_remats
   from simulator.search import SweepSpec
   from simulator.sweep_workers import available_cores
+  cli.check_folder("records", FLAGS.records)
   spec = SweepSpec(model=FLAGS.model, topology=FLAGS.topology,
                    batches=tuple(int(b) for b in FLAGS.batches),
                    remats=join_remats(FLAGS.remats), seq=FLAGS.seq)

@@ -125,7 +125,9 @@ def define_corpus_flags() -> None:
   if "from_jsonl" in flags.FLAGS:
     return
   flags.DEFINE_string("only", None, "comma-separated case indices to run")
-  flags.DEFINE_string("jsonl", None, "append each result as a JSON line here")
+  flags.DEFINE_string("jsonl", None, "append each result as a JSON line here "
+                      "(with --from_jsonl: the re-checked rows, the file "
+                      "written whole)")
   flags.DEFINE_string("from_jsonl", None, "re-check these kept results (a "
                       "--jsonl of an earlier run) instead of running them")
   flags.DEFINE_string("out", None, "the results table (markdown); default: "
@@ -139,12 +141,17 @@ def read_kept_rows(path: str, flag: str = "from_jsonl",
   for --from_jsonl), each an object with `keys`, or a one-line error
   naming the line and saying it wants `what`."""
   import json  # pylint: disable=g-import-not-at-top
+  rows, n = [], 0
   try:
     with open(path) as f:
-      rows = [(n, json.loads(line)) for n, line in enumerate(f, 1)
-              if line.strip()]
-  except (OSError, ValueError) as e:
-    fail(f"--{flag}={path!r}: {e}; give {what}")
+      for n, line in enumerate(f, 1):
+        if line.strip():
+          rows.append((n, json.loads(line)))
+  except ValueError as e:  # JSON's own position is within the line
+    fail(f"--{flag}={path!r}: line {n + 1 if isinstance(e, UnicodeError) else n}"
+         f" is not JSON ({e}); give {what}")
+  except OSError as e:
+    fail(f"--{flag}={path!r}: {e.strerror or e}; give {what}")
   if not rows:
     fail(f"--{flag}={path!r} holds no rows; give {what}")
   for n, row in rows:
@@ -282,6 +289,20 @@ def check_folder(flag: str, path: str | None) -> None:
   if not os.access(folder, os.W_OK):  # the file is written whole, renamed in
     fail(f"--{flag}={path!r}: the folder {folder!r} cannot be written; give "
          "a file in a folder that can")
+
+
+def write_whole(path: str, text: str) -> None:
+  """`text` written to a temporary file beside `path`, then moved over it:
+  a reader (or a link to the old file) sees the old file or the new one
+  whole, never a half-written one."""
+  tmp = f"{path}.tmp"
+  try:
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def fail(message: str) -> None:

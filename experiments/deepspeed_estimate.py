@@ -19,6 +19,8 @@ bf16 params and an f32 master copy.
 
 from __future__ import annotations
 
+import math
+
 from absl import flags
 
 from experiments import cli
@@ -40,22 +42,37 @@ flags.DEFINE_enum("formula", "current", ["current", "seed"],
 def main(argv) -> None:
   del argv
   stage = int(FLAGS.stage)
+  counts = [f"--{n}" for n in ("total_params", "largest_layer_params")
+            if FLAGS[n].value is not None]
+  if FLAGS.model and counts:
+    raise ValueError(f"--model={FLAGS.model} with {' and '.join(counts)}: "
+                     "the model's counts are traced; give one or the other")
+  if stage == 3 and FLAGS.formula != "current":
+    raise ValueError(f"--formula={FLAGS.formula} with --stage=3: the seed's "
+                     "formula is ZeRO-2's GPU formula; give --stage=2")
+  for name in ("total_params", "largest_layer_params"):
+    value = FLAGS[name].value
+    if value is not None and not (math.isfinite(value) and 0 < value < 1e15):
+      raise ValueError(f"--{name}={value} must be a positive count below "
+                       "1e15 (a quadrillion parameters)")
   if FLAGS.model:
     from models.params import num_params
     from models.registry import load_model
     from simulator.inventory import largest_module_params
     cfg = load_model(FLAGS.model)
     total, largest = num_params(cfg), largest_module_params(cfg)
-  elif FLAGS.total_params:
+  elif FLAGS.total_params is not None:
     total = int(FLAGS.total_params)
     largest = int(FLAGS.largest_layer_params or 0)
     if stage == 3 and not largest:
       raise ValueError("--stage=3 needs --largest_layer_params with "
                        "--total_params (or give --model)")
+    if largest > total:
+      raise ValueError(f"--largest_layer_params={FLAGS.largest_layer_params}"
+                       f" is more than --total_params={FLAGS.total_params}; "
+                       "the largest module is part of the model")
   else:
     raise ValueError("give --model or --total_params")
-  if total <= 0:
-    raise ValueError(f"--total_params={FLAGS.total_params} must be positive")
   print("DeepSpeed's estimator as it prints (its GB is 2^30 bytes, GiB; its "
         "MB 2^20, MiB):")
   print(formulas.deepspeed_table(stage, total, largest,

@@ -300,6 +300,8 @@ def _read(path: str) -> list[dict]:
 
 def main(argv):
   del argv
+  cli.check_folder("out", FLAGS.out or DEFAULT_OUT)
+  cli.check_folder("jsonl", FLAGS.jsonl)
   if FLAGS.from_jsonl:
     rows = [recheck(r) for r in _read(FLAGS.from_jsonl)]
     write(rows, FLAGS.out or DEFAULT_OUT)

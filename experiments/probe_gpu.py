@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 
@@ -76,6 +77,11 @@ def probe(out_dir: str) -> dict:
 
 def main(argv):
   del argv
+  if shutil.which("nvidia-smi") is None:
+    cli.fail("no NVIDIA GPU here (no nvidia-smi): probe_gpu measures the "
+             "local GPU; run it on a machine with one")
+  if os.path.exists(FLAGS.out_dir) and not os.path.isdir(FLAGS.out_dir):
+    cli.fail(f"--out_dir={FLAGS.out_dir!r} is a file; give a folder")
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   out = probe(FLAGS.out_dir)
   with open(os.path.join(FLAGS.out_dir, "device.json"), "w") as f:

@@ -16,6 +16,7 @@ plan flags, one line each.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 
@@ -63,6 +64,10 @@ def _plans():
 
 def main(argv):
   del argv
+  if FLAGS.dump_dir and os.path.exists(FLAGS.dump_dir) and not os.path.isdir(
+      FLAGS.dump_dir):
+    cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is a file; give a folder for "
+             "the compiler's dumps")
   plans = _plans()
   for _, _, _, topology, _, _ in plans:
     if topology.chip.kind != "gpu":

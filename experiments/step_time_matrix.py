@@ -33,8 +33,7 @@ def main(argv) -> None:
     print(f"{r['anchor']:>16}: predicted MFU {100 * r['mfu']:.1f}%, measured "
           f"{100 * r['measured_mfu']:.2f}%", flush=True)
   text = report(rows[False], time.perf_counter() - started, rows[True])
-  with open(FLAGS.out, "w") as f:
-    f.write(text)
+  cli.write_whole(FLAGS.out, text)
   print(text.split("\n\n")[2])
 
 

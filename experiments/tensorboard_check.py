@@ -11,6 +11,7 @@ Exit 0 when every dashboard is drawn, 1 when one is not.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
@@ -30,6 +31,11 @@ def main(argv) -> None:
   if not FLAGS.logdir or not os.path.isdir(FLAGS.logdir):
     raise ValueError(f"--logdir={FLAGS.logdir!r} is not a folder; give the "
                      f"tensorboard folder a sweep printed")
+  if not glob.glob(os.path.join(glob.escape(FLAGS.logdir), "**",
+                                "events.out.tfevents*"), recursive=True):
+    raise ValueError(f"--logdir={FLAGS.logdir!r} holds no TensorBoard event "
+                     "files; give the tensorboard folder a sweep printed "
+                     "(RUN/tensorboard)")
   if tensorboard_browser.chromium() is None:
     raise ValueError("chromium is not installed; apt-get install chromium")
   out = FLAGS.screenshots or os.path.join(FLAGS.logdir, "screenshots")

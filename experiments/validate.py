@@ -9,10 +9,13 @@ extra; --target=gpu says the same); or with --target=cpu on CPU fake devices
 (X*Y of them). --target=gpu --execute_steps=N runs N steps on the local GPUs
 instead and reads device.memory_stats() (on cpu it runs them too, which checks
 the step executes).
-Rows: arguments (params + optimizer + batch, TPU tile padding included), temp
-(the compiled-comparable peak minus the arguments), peak (the arguments plus
-the largest live set of the heap simulation, without the planning overhead;
-see simulator/memory);
+Rows: arguments (params + optimizer + batch, TPU tile padding included);
+temp (symbolic: the compiled-comparable peak minus the arguments; compiled:
+XLA's temp_size, its temporaries summed over the whole step, which can
+exceed its peak); peak (symbolic: with the planning overhead, as the other
+tools plan; compiled: XLA's peak); peak - overhead (the symbolic peak
+without the overhead: the arguments plus the largest live set of the heap
+simulation, simulator/memory);
 relative error = (symbolic - compiled) / compiled.
 Bytes are per device; human output in GiB (2**30 bytes).
 """
@@ -261,6 +264,10 @@ def main(argv):
     ensure_cpu_devices(plan.chips)
   settings = cli.train_settings()
   target = FLAGS.target
+  if FLAGS.execute_steps and target not in ("gpu", "cpu"):
+    cli.fail(f"--execute_steps={FLAGS.execute_steps} runs steps on local "
+             "devices: add --target=gpu (the local GPUs) or --target=cpu; a "
+             f"{FLAGS.topology} compile runs nothing")
   if target == "gpu" and FLAGS.execute_steps:
     cli.use_local_gpus()
   if target == "gpu" and not FLAGS.execute_steps:

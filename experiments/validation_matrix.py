@@ -411,8 +411,7 @@ def write(rows: list[dict], path: str, started: float) -> None:
              "program, each with the dump it was read off "
              "(simulator.memory.xla_rules):", ""]
     head += [f"- **{name}**: {text}" for name, text in xla_rules.rules()]
-  with open(path, "w") as f:
-    f.write("\n".join(head) + "\n")
+  cli.write_whole(path, "\n".join(head) + "\n")
 
 
 def _cases() -> list:
@@ -426,13 +425,15 @@ def _out() -> str:
 
 def _chosen(only: str | None) -> list[int]:
   CASES = _cases()  # pylint: disable=invalid-name
-  if not only:
+  if only is None:
     return list(range(len(CASES)))
   out = []
   for part in only.split(","):
     if not part.strip().isdigit() or int(part) >= len(CASES):
       cli.fail(f"--only={only!r}: {part!r} is not a config index; valid: 0 to "
                f"{len(CASES) - 1} (the --corpus's CASES)")
+    if int(part) in out:
+      cli.fail(f"--only={only!r}: {int(part)} is given twice; give it once")
     out.append(int(part))
   return out
 
@@ -450,15 +451,22 @@ def main(argv):
   from simulator.workers import Pool
   from simulator.xla import crosscheck
   started = time.time()
-  cli.check_folder("out", _out())
-  cli.check_folder("jsonl", FLAGS.jsonl)
   if FLAGS.from_jsonl:
-    if FLAGS.jsonl and os.path.abspath(FLAGS.jsonl) == os.path.abspath(
+    if FLAGS.jsonl and os.path.realpath(FLAGS.jsonl) == os.path.realpath(
         FLAGS.from_jsonl):
       cli.fail(f"--jsonl={FLAGS.jsonl!r} is the --from_jsonl file; give "
                "another file for the re-checked rows (the kept one stays)")
     kept = _read_rows(FLAGS.from_jsonl)
-    if FLAGS.only:  # those rows of the kept corpus
+    gpu_rows = all(_part(r) in GPU_PARTS for r in kept)
+    if not FLAGS.out and gpu_rows != (FLAGS.corpus == "gpu"):
+      cli.fail(f"--from_jsonl={FLAGS.from_jsonl!r} holds the "
+               f"{'GPU' if gpu_rows else 'TPU'} corpus's rows; add "
+               f"--corpus={'gpu' if gpu_rows else 'tpu'} (the table "
+               "experiments/validation"
+               f"{'_gpu' if gpu_rows else ''}.md) or give --out=FILE")
+    cli.check_folder("out", _out())
+    cli.check_folder("jsonl", FLAGS.jsonl)
+    if FLAGS.only is not None:  # those rows of the kept corpus
       chosen = set(_chosen(FLAGS.only))
       kept = [r for r in kept if r["config"].get("index") in chosen]
       if not kept:
@@ -471,15 +479,21 @@ def main(argv):
       rows = sorted((future.result() for _, future in pool.as_completed(
           crosscheck.recheck, ((r,) for r in kept))),
                     key=lambda r: r["config"].get("index", 0))
+      if FLAGS.jsonl:  # the re-checked rows, symbolic side as today's code
+        cli.write_whole(FLAGS.jsonl, "".join(json.dumps(r, default=str) + "\n"
+                                             for r in rows))
+      write(rows, _out(), started)
+    except (KeyError, IndexError, TypeError) as e:  # a row of another shape
+      cli.fail(f"--from_jsonl={FLAGS.from_jsonl!r}: a row is not a kept "
+               f"corpus row ({type(e).__name__}: {e}); give the --jsonl file "
+               "of an earlier run")
     finally:
       pool.close()
-    if FLAGS.jsonl:  # the re-checked rows, symbolic side as today's code
-      with open(FLAGS.jsonl, "w") as f:
-        f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
-    write(rows, _out(), started)
     _say(f"re-checked {len(rows)} kept rows {pool.where} in "
          f"{time.time() - started:.1f} s")
     return
+  cli.check_folder("out", _out())
+  cli.check_folder("jsonl", FLAGS.jsonl)
   if FLAGS.memory_scheduler != "default" and (FLAGS.corpus != "tpu"
                                               or not FLAGS.out):
     cli.fail(f"--memory_scheduler={FLAGS.memory_scheduler} compiles the TPU "

@@ -128,10 +128,12 @@ def check_flash_length(cfg: ModelConfig, attention: str, text: int,
   block = min(FLASH_BLOCK, total)
   if total % block == 0:
     return
-  fits = [k * block - n for k in range(n // block + 1, total // block + 3)
-          if k * block > n]
-  near = ([t for t in fits if t < text][-1:] + [t for t in fits if t > text]
-          )[:2]
+  # The text lengths that fill whole blocks: the nearest below (if any)
+  # and above, by arithmetic (a seq of 10**12 lists no blocks).
+  below = total // block * block - n
+  near = ([below] if below > 0 else []) + [
+      (total // block + k) * block - n for k in (1, 2)]
+  near = near[:2]
   over = (f"the LM's sequence, {n} image tokens + {text} = {total}" if n
           else f"{text} tokens")
   raise ValueError(

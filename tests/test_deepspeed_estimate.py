@@ -100,6 +100,21 @@ def test_bad_input():
   assert p.returncode == 2 and p.stderr.strip() == (
       "error: --stage=3 needs --largest_layer_params with --total_params "
       "(or give --model)")
+  for args, message in (
+      (["--stage=2", "--total_params=0"], "--total_params=0.0 must be a "
+       "positive count below 1e15"),
+      (["--stage=2", "--total_params=nan"], "--total_params=nan must be"),
+      (["--model=gpt2", "--total_params=1e6"], "--model=gpt2 with "
+       "--total_params: the model's counts are traced"),
+      (["--stage=2", "--total_params=1e6", "--largest_layer_params=1e7"],
+       "is more than --total_params"),
+      (["--stage=3", "--formula=seed", "--model=gpt2"], "--formula=seed with "
+       "--stage=3")):
+    p = subprocess.run([sys.executable, "-m", "experiments.deepspeed_estimate",
+                        *args], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: --") and (
+        message in p.stderr) and p.stderr.count("\n") == 1, (args, p.stderr)
 
 
 def test_seed_003s_pinned_memory_rules():

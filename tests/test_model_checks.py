@@ -100,6 +100,9 @@ def test_flash_over_a_decoder_names_the_flag_and_the_lengths_that_fit():
     check_flash_length(cfg, "flash", 1000, 0, "prompt")
   check_flash_length(cfg, "materialized", 1000, 0, "prompt")
   check_flash_length(cfg, "flash", 1024, 0, "prompt")
+  with pytest.raises(ValueError, match=r"choose seq=999999999488 or "
+                     r"1000000000000 or"):  # by arithmetic, not a list
+    check_flash_length(cfg, "flash", 999999999999, 0, "seq")
 
 
 @pytest.mark.parametrize("seq,valid", [(256, "448 or 960"),

@@ -65,7 +65,10 @@ def test_bad_input_exit_2():
                        (["--model=tiny", "--memory_scheduler=fast"],
                         "--memory_scheduler=fast"),
                        (["--model=tiny", "--memory_scheduler=list",
-                         "--target=cpu"], "needs a TPU --topology")):
+                         "--target=cpu"], "needs a TPU --topology"),
+                       (["--model=tiny", "--mesh=2x2", "--batch=8",
+                         "--seq=64", "--execute_steps=2"],
+                        "--execute_steps=2 runs steps on local devices")):
     p = _run("--topology=v5p-8", *args)
     assert p.returncode == 2, (args, p.stderr[-2000:])
     last = p.stderr.strip().splitlines()[-1]

@@ -2,6 +2,7 @@
 rows without compiling, one-line errors."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,6 +14,8 @@ from models.registry import load_model
 from simulator.xla import crosscheck
 from simulator import memory
 from simulator.settings import TrainSettings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _row(model, peak_err, arg_err, part):
@@ -248,8 +251,22 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
   bad.write_text('{"no": "config"}\n')
   empty = tmp_path / "empty.jsonl"
   empty.write_text("")
+  partial = tmp_path / "partial.jsonl"
+  partial.write_text('{"config": {"index": 0, "model": "tiny"}}\n')
+  torn = tmp_path / "torn.jsonl"
+  torn.write_text('{"config": {"index": 0}}\n{"bad\n')
+  link = tmp_path / "link.jsonl"
+  link.symlink_to(bad)
+  gpu_rows = os.path.join(ROOT, "experiments", "data",
+                          "compiled_gpu_corpus.jsonl")
   for args, message in (
       (["--only=3,x"], "'x' is not a config index; valid: 0 to"),
+      (["--only="], "'' is not a config index"),
+      (["--only=3,3"], "3 is given twice"),
+      ([f"--from_jsonl={partial}"], "a row is not a kept corpus row "
+       "(KeyError: 'topology')"),
+      ([f"--from_jsonl={torn}"], "line 2 is not JSON"),
+      ([f"--from_jsonl={bad}", f"--jsonl={link}"], "is the --from_jsonl file"),
       ([f"--from_jsonl={bad}"], "line 1 has no 'config'; give a --jsonl file "
        "of an earlier run"),
       ([f"--from_jsonl={empty}"], "holds no rows"),
@@ -261,6 +278,13 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
   assert bad.read_text() == '{"no": "config"}\n'  # nothing written over
+  proc = subprocess.run(  # the GPU corpus's rows would land on the TPU table
+      [sys.executable, "-m", "experiments.validation_matrix",
+       f"--from_jsonl={gpu_rows}", "--only=0"], capture_output=True,
+      text=True, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT})
+  assert proc.returncode == 2 and "holds the GPU corpus's rows; add " \
+      "--corpus=gpu" in proc.stderr, proc.stderr[-2000:]
+  assert not list(tmp_path.rglob("*.md"))
 
 
 def test_cases_compile_in_worker_processes(tmp_path):
