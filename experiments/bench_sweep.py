@@ -97,12 +97,12 @@ def _line(record: dict) -> str:
 
 def main(argv) -> None:
   del argv
-  from experiments.mesh_sweep import join_remats
+  from experiments.mesh_sweep import int_list, join_remats
   from simulator.search import SweepSpec
   from simulator.sweep_workers import available_cores
   cli.check_folder("records", FLAGS.records)
   spec = SweepSpec(model=FLAGS.model, topology=FLAGS.topology,
-                   batches=tuple(int(b) for b in FLAGS.batches),
+                   batches=int_list("batches", FLAGS.batches),
                    remats=join_remats(FLAGS.remats), seq=FLAGS.seq)
   spec.validate()
   r = bench(spec)

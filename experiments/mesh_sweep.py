@@ -106,7 +106,8 @@ def join_remats(items: list[str]) -> tuple[str, ...]:
   return tuple(out)
 
 
-def _ints(name: str, items: list[str]) -> tuple[int, ...]:
+def int_list(name: str, items: list[str]) -> tuple[int, ...]:
+  """A list flag's values as integers, or a ValueError naming the flag."""
   try:
     return tuple(int(i) for i in items)
   except ValueError:
@@ -119,7 +120,7 @@ def spec_from_flags():
   cli.check_lora_flags()
   return SweepSpec(
       model=FLAGS.model, topology=FLAGS.topology,
-      batches=_ints("batches", FLAGS.batches), remats=join_remats(FLAGS.remats),
+      batches=int_list("batches", FLAGS.batches), remats=join_remats(FLAGS.remats),
       shards=tuple(FLAGS.shards), optimizers=tuple(FLAGS.optimizers),
       seq=FLAGS.seq, target_seq=FLAGS.target_seq, attention=FLAGS.attention, precision=FLAGS.precision,
       meshes=(parse_mesh(FLAGS.mesh),) if FLAGS.mesh else None,
@@ -130,7 +131,7 @@ def spec_from_flags():
       images_per_sample=FLAGS.images_per_sample, image_size=FLAGS.image_size,
       patch_size=FLAGS.patch_size, train_vision=FLAGS.train_vision,
       vision_sharding=FLAGS.vision_sharding,
-      pps=_ints("pps", FLAGS.pps), dps=_ints("dps", FLAGS.dps),
+      pps=int_list("pps", FLAGS.pps), dps=int_list("dps", FLAGS.dps),
       microbatches=FLAGS.microbatches,
       schedule=FLAGS.schedule, hbm_fraction=FLAGS.hbm_fraction)
 

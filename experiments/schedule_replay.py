@@ -29,7 +29,9 @@ def main(argv) -> None:
   del argv
   from simulator.xla import memory_scheduler
   if not FLAGS.dump_dir or not os.path.isdir(FLAGS.dump_dir):
-    cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is not a directory; give the one "
+    given = (f"--dump_dir={FLAGS.dump_dir!r} is not a directory" if
+             FLAGS.dump_dir else "--dump_dir is needed")
+    cli.fail(f"{given}; give the one "
              "experiments.validate --dump_dir=DIR --dump_passes=memory-"
              "scheduler wrote")
   if FLAGS.min_mib < 0:
