@@ -81,8 +81,8 @@ def test_a_gpu_plan_is_simulated_with_xla_gpus_rules():
      "steps; add --compile"),
     (dict(part="gpu"), "error: --part='gpu' names a kept row's part; add "
      "--keep"),
-    (dict(recheck="no.jsonl"), "error: --recheck='no.jsonl': [Errno 2] No "
-     "such file or directory"),
+    (dict(recheck="no.jsonl"), "error: --recheck='no.jsonl': No such file "
+     "or directory; give a file of inference_report --keep rows"),
     (dict(recheck="no.jsonl", compile=True), "error: --recheck='no.jsonl' "
      "re-checks kept compiles; drop --compile"),
     (dict(recheck="no.jsonl", model="tiny", batch=7), "error: --recheck "

@@ -249,11 +249,11 @@ def test_describe_prints_total_and_active_parameters():
 
 @pytest.mark.parametrize("flag, message", [
     ("--capacity_factor=1.25",
-     "error: capacity_factor=1.25, expert_axis=none: tiny has no mixture of "
-     "experts; these set a routed model's experts (e.g. mixtral_8x7b)"),
+     "error: capacity_factor=1.25: tiny has no mixture of experts; it sets a "
+     "routed model's experts (e.g. mixtral_8x7b)"),
     ("--expert_axis=x",
-     "error: capacity_factor=1.0, expert_axis=x: tiny has no mixture of "
-     "experts; these set a routed model's experts (e.g. mixtral_8x7b)"),
+     "error: expert_axis=x: tiny has no mixture of experts; it sets a routed "
+     "model's experts (e.g. mixtral_8x7b)"),
 ])
 def test_a_dense_model_refuses_expert_settings(flag, message,
                                                refused_by_memory_report):
