@@ -275,13 +275,7 @@ def main(argv):
       cli.fail(f"--target=gpu compiles for a GPU --topology (h100:2x8, ...); "
                f"{FLAGS.topology} is a TPU topology")
     target = None  # the GPU topology, deviceless
-  if FLAGS.dump_dir:
-    import os
-    if os.path.exists(FLAGS.dump_dir) and not os.path.isdir(FLAGS.dump_dir):
-      cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is a file; give a directory "
-               "(created if missing)")
-    os.makedirs(FLAGS.dump_dir, exist_ok=True)
-  if FLAGS.dump_passes is not None:
+  if FLAGS.dump_passes is not None:  # checked before --dump_dir is made
     import re
     if not FLAGS.dump_dir:
       cli.fail(f"--dump_passes={FLAGS.dump_passes!r} needs --dump_dir=DIR "
@@ -291,6 +285,12 @@ def main(argv):
     except re.error as e:
       cli.fail(f"--dump_passes={FLAGS.dump_passes!r} is not a regular "
                f"expression ({e}); e.g. memory-scheduler")
+  if FLAGS.dump_dir:
+    import os
+    if os.path.exists(FLAGS.dump_dir) and not os.path.isdir(FLAGS.dump_dir):
+      cli.fail(f"--dump_dir={FLAGS.dump_dir!r} is a file; give a directory "
+               "(created if missing)")
+    os.makedirs(FLAGS.dump_dir, exist_ok=True)
   if FLAGS.memory_scheduler != "default" and (
       topology.chip.kind != "tpu" or target in ("cpu", "gpu")):
     cli.fail(f"--memory_scheduler={FLAGS.memory_scheduler} is libtpu's "

@@ -163,6 +163,14 @@ def check_model_settings(cfg: ModelConfig, settings: TrainSettings) -> None:
                      "o")
   if settings.lora_rank:
     check_lora(cfg, settings)
+  chunks = settings.loss_chunks
+  length, flag = ((settings.target_seq, "target_seq") if cfg.encoder_decoder
+                  and settings.target_seq else (settings.seq, "seq"))
+  if chunks > 0 and length % chunks:
+    raise ValueError(f"loss_chunks={chunks} does not divide {flag}={length}, "
+                     "the length the loss runs over; choose one of "
+                     f"{', '.join(map(str, divisors(length)[:12]))}"
+                     + (", ..." if len(divisors(length)) > 12 else ""))
   spec = remat_policies.canonical(settings.remat)
   if cfg.encoder_decoder and spec not in ("none", "full", "dots"):
     if any("decoder_layer_input" in (names or ())

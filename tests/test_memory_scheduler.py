@@ -199,3 +199,13 @@ def test_the_list_replay_runs_the_big_work_where_xla_did():
   # the DFS order runs it after the loop, holding the logits through it
   dfs = M.dfs_order(c)
   assert dfs.index("fusion.392") > dfs.index("while.322")
+
+
+def test_a_torn_dump_is_named_by_its_file(tmp_path):
+  from simulator.xla import memory_scheduler
+  name = f"module_0001.jit_step.before_{memory_scheduler.PASS}.txt"
+  (tmp_path / name).write_text("HloModule torn, garbage")
+  (tmp_path / name.replace("before_", "after_")).write_text("garbage")
+  with pytest.raises(ValueError, match=f"^{tmp_path}/{name}: no entry "
+                     "computation"):
+    memory_scheduler.replay(str(tmp_path))

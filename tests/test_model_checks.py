@@ -154,3 +154,17 @@ def test_a_setting_of_another_kind_of_model_is_named_alone():
   with pytest.raises(ValueError, match="^train_vision=True: gpt2 has no "
                      "vision tower"):
     with_images(load_model("gpt2"), _settings(train_vision=True))
+
+
+def test_loss_chunks_must_divide_the_length_the_loss_runs_over():
+  """An encoder-decoder's loss runs over its decoder (--target_seq), a
+  decoder's over --seq: the flag named, with the chunk counts that fit."""
+  with pytest.raises(ValueError, match=r"^loss_chunks=4 does not divide "
+                     r"target_seq=30, the length the loss runs over; choose "
+                     r"one of 1, 2, 3, 5, 6, 10, 15, 30$"):
+    check_model_settings(load_model("t5_large"), _settings(
+        seq=64, target_seq=30, loss_chunks=4))
+  with pytest.raises(ValueError, match=r"^loss_chunks=3 does not divide "
+                     r"seq=32"):
+    check_model_settings(load_model("tiny"), _settings(loss_chunks=3))
+  check_model_settings(load_model("tiny"), _settings(loss_chunks=4))

@@ -488,14 +488,23 @@ def pass_dumps(dump_dir: str) -> tuple[str, str]:
   return before[0], after[0]
 
 
+def _read_dump(path: str, read):
+  """`read` of the dump at `path`; a torn or foreign one's ValueError names
+  the file."""
+  with open(path) as f:
+    text = f.read()
+  try:
+    return read(text)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+
+
 def replay(dump_dir: str) -> Replay:
   """Replays the list, DFS and post-order schedules on the module
   `dump_dir` holds (dumped before and after the scheduler's pass)."""
   before, after = pass_dumps(dump_dir)
-  with open(before) as f:
-    module = read_module(f.read())
-  with open(after) as f:
-    xla = list(read_entry(f.read()).instructions)
+  module = _read_dump(before, read_module)
+  xla = list(_read_dump(after, read_entry).instructions)
   c = module.computations[module.entry]
   return Replay(os.path.basename(before).split(".")[1], xla,
                 list_order(c, module), dfs_order(c), post_order(c), c, module)
