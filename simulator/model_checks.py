@@ -69,13 +69,12 @@ def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
 
 def check_stage_settings(settings: TrainSettings) -> None:
   """One-line ValueErrors for settings a pipeline's stages do not run as
-  asked, raised for what a user asks (the flags; a sweep records it as
-  that plan's reason), not where the step is built (a kept corpus row,
-  #89, is that program): the stages run under vmap, which gives every matmul a batch
+  asked: the stages run under vmap, which gives every matmul a batch
   dimension, so JAX's dots_with_no_batch_dims_saveable saves nothing there
-  (the same program as remat=full: corpus #89, gpt2 P2x2x1 dots, holds only
-  the layer inputs); and parameters fetched from host memory per layer
-  are not built for a stage's layers."""
+  (remat=full's program: corpus #89, gpt2 P2x2x1 dots, holds only the
+  layer inputs); parameters fetched from host memory per layer are not
+  built for a stage's layers. Checked on the flags and on each sweep plan
+  (its reason), not where the step is built, which #89 re-traces."""
   pp = settings.pp
   if pp == 1:
     return
@@ -121,7 +120,7 @@ def check_flash_length(cfg: ModelConfig, attention: str, text: int,
   (a vision-language model's image tokens and `text` tokens, given by
   --`flag`) that is no multiple of its block: the text lengths that would
   make one, nearest below and above."""
-  if attention != "flash":
+  if attention != "flash" or not cfg.attention:  # an MLP stack has none
     return
   n = image_tokens(cfg, images)
   total = n + text
