@@ -103,6 +103,8 @@ def test_flash_over_a_decoder_names_the_flag_and_the_lengths_that_fit():
   with pytest.raises(ValueError, match=r"choose seq=999999999488 or "
                      r"1000000000000 or"):  # by arithmetic, not a list
     check_flash_length(cfg, "flash", 999999999999, 0, "seq")
+  check_flash_length(load_model("xxl_ffn"), "flash", 300, 0, "seq")  # no
+  # attention: any length
 
 
 @pytest.mark.parametrize("seq,valid", [(256, "448 or 960"),
