@@ -284,9 +284,7 @@ def write(rows: list[dict], path: str) -> None:
           "## Runs", "", "| " + " | ".join(COLUMNS) + " |",
           "|" + "---|" * len(COLUMNS)]
   text += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
-  with open(path + ".tmp", "w") as f:
-    f.write("\n".join(text) + "\n")
-  os.replace(path + ".tmp", path)
+  cli.write_whole(path, "\n".join(text) + "\n")
 
 
 def _read(path: str) -> list[dict]:

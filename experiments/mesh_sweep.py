@@ -194,9 +194,7 @@ def check_run_settings(run_dir: str, spec) -> None:
       raise ValueError(f"--resume: {run_dir} holds results but no "
                        f"{RUN_SETTINGS} (the settings they were made with); "
                        "start a new run (without --resume)")
-    with open(path + ".tmp", "w") as f:
-      json.dump(mine, f, indent=1)
-    os.replace(path + ".tmp", path)
+    cli.write_whole(path, json.dumps(mine, indent=1))
     return
   try:
     with open(path) as f:

@@ -82,18 +82,16 @@ class ResultsFile:
   def update(self, updates: Iterable[dict[str, Any]]) -> None:
     """Merges each update's fields into the line with the same key (a new
     key's line added at the end); every other line kept as it is."""
-    lines = self._lines()
-    if lines and not lines[-1].endswith("\n") and self._record(
-        lines[-1]) is None:
+    lines = [(line, self._record(line)) for line in self._lines()]
+    if lines and not lines[-1][0].endswith("\n") and lines[-1][1] is None:
       lines.pop()  # torn by an interruption
-    records = {k: r for k, r in filter(None, map(self._record, lines))}
+    records = dict(parsed for _, parsed in lines if parsed is not None)
     for u in updates:
       records.setdefault(self.key(u), {}).update(u)
     tmp = self.path + ".tmp"
     with naming(tmp), open(tmp, "w", encoding="utf-8",
                            errors="surrogateescape") as f:
-      for line in lines:
-        parsed = self._record(line)
+      for line, parsed in lines:
         if parsed is None:
           f.write(line if line.endswith("\n") else line + "\n")
         elif parsed[0] in records:  # its last value, where it first was
