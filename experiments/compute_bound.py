@@ -21,7 +21,7 @@ from absl import flags
 
 from experiments import cli
 from models.registry import load_model
-from meshes.layout import mesh_name, parse_mesh, plan_mesh
+from meshes.layout import crossing_line, mesh_name, parse_mesh, plan_mesh
 from meshes.topology import parse_topology
 from simulator.timing import roofline as R
 
@@ -205,8 +205,8 @@ def main(argv):
           f"step and MFU are those of {tokens:.0f} tokens as if the batch "
           f"split over X; give a batch X divides for a plan that runs")
   if topo.hosts > 1:  # which axis crosses the network, mesh by mesh
-    print(f"across {topo.network.hosts_word} ({topo.network.name}): "
-          + "; ".join(f"{m['X']}x{m['Y']} {m['crossing']}" for m in meshes))
+    print(crossing_line(topo, [(f"{m['X']}x{m['Y']}", m["crossing"])
+                               for m in meshes]))
   hosted = [m for m in meshes if m.get("t_host_s")]
   if hosted:
     print(f"copies between host memory and HBM (offload) over the host link, "

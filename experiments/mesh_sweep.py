@@ -414,13 +414,12 @@ def _sweep(spec, cfg, topo, run_dir: str, logdir: str, top_k: int,
 
 def _crossing(topo, ranked: list) -> str:
   """Which axis of each mesh in the table crosses the hosts (slices)."""
-  from meshes.layout import mesh_name, plan_mesh
+  from meshes.layout import crossing_line, mesh_name, plan_mesh
   meshes = dict.fromkeys((r["X"], r["Y"], r.get("P", 1), r.get("D", 1))
                          for r in ranked if r.get("status") == "ok")
-  return (f"across {topo.network.hosts_word} ({topo.network.name}): "
-          + "; ".join(f"{mesh_name(x, y, p, d)} "
-                      f"{plan_mesh(topo, x, y, P=p, D=d).crossing()}"
-                      for x, y, p, d in meshes))
+  return crossing_line(topo, [
+      (mesh_name(x, y, p, d), plan_mesh(topo, x, y, P=p, D=d).crossing())
+      for x, y, p, d in meshes])
 
 
 def main(argv) -> None:
@@ -439,9 +438,16 @@ def main(argv) -> None:
                     FLAGS.top_k, FLAGS.progress, **common)
   failed = [r for r in run.ranked if r.get("status") == "failed"]
   if failed and len(failed) == len(run.ranked):  # nothing to choose from
+    from meshes.topology import parse_topology
+    from simulator import search
+    replicas = search.replicas_that_lay_out(spec)
+    chips = parse_topology(spec.topology).chips
     cli.fail(f"no config could be evaluated ({len(failed)} failed; each "
              f"one's error is in {run.results_path}); the first: "
-             f"{failed[0].get('error')}")
+             f"{failed[0].get('error')}" + (
+                 f"; with data-parallel replicas outermost (D x X x Y = "
+                 f"{chips}) plans lay out at --dps="
+                 + ",".join(map(str, replicas)) if replicas else ""))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from typing import Iterator
@@ -55,10 +56,11 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def serve(logdir: str, timeout_s: float = 60) -> Iterator[str]:
   """`tensorboard --logdir logdir` on a free local port; yields its URL once
-  it lists runs."""
+  it lists runs. The TensorBoard of this interpreter (its `tensorboard.main`
+  module), not whichever `tensorboard` is first on PATH."""
   port = _free_port()
   proc = subprocess.Popen(
-      ["tensorboard", "--logdir", logdir, "--host", "127.0.0.1", "--port",
+      [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1", "--port",
        str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   base = f"http://127.0.0.1:{port}"
   try:

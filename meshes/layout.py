@@ -165,6 +165,13 @@ class MeshPlan:
             f"{axis('Y', self.y_axes, self.M_Y, self.wrap_y)}{stages}")
 
 
+def crossing_line(topology: Topology, named: list[tuple[str, str]]) -> str:
+  """The line reports print under a table of meshes on several hosts (slices):
+  which axis of each (name, `MeshPlan.crossing()`) crosses the network."""
+  return (f"across {topology.network.hosts_word} ({topology.network.name}): "
+          + "; ".join(f"{name} {crossing}" for name, crossing in named))
+
+
 def mesh_name(X: int, Y: int, P: int = 1, D: int = 1) -> str:
   """'16x4', with pipeline stages 'P2x8x4', with replicas 'D2x8x4'."""
   if P > 1:

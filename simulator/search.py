@@ -26,6 +26,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import itertools
 import math
 import time
 from typing import Any, Iterable, Iterator
@@ -487,6 +488,34 @@ class Sweep:
       from simulator import sweep_workers
       yield from sweep_workers.evaluate(self, list(groups.values()),
                                         min(self.workers, len(groups)) - 1)
+
+
+def replicas_that_lay_out(spec: SweepSpec, most: int = 2) -> list[int]:
+  """Where no plan of a sweep lays out (every X x Y leaves a factor of the
+  chips that no sharded dim takes: 6144 = 3 x 2048 chips for a model 20480
+  wide), the smallest numbers of data-parallel replicas D > 1 not swept
+  (`--dps`) under which one of its D x X x Y plans does, at most `most`:
+  each plan tried as the step is built (its layout checks), no tracing."""
+  # pylint: disable=g-import-not-at-top  (jax only on this failure path)
+  from simulator.step import build_step
+  cfg, topo = spec.validate()
+  found: list[int] = []
+  for d in divisors(topo.chips)[1:]:
+    if d in spec.dps:
+      continue
+    for (x, y), shard, batch in itertools.product(
+        spec.meshes_for(topo, d), spec.shards, spec.batches):
+      try:
+        build_step(cfg, spec.settings(batch, spec.remats[0], shard,
+                                      spec.optimizers[0]),
+                   abstract_mesh(plan_mesh(topo, x, y, D=d)))
+      except (PlanError, ValueError):
+        continue
+      found.append(d)
+      break
+    if len(found) == most:
+      break
+  return found
 
 
 def refuted(record: dict) -> bool:

@@ -414,6 +414,27 @@ def test_a_config_json_sweep_runs_under_logdir_and_nothing_evaluated_is_an_error
              .splitlines()) == 3
 
 
+def test_a_sweep_no_mesh_lays_out_names_the_replicas_that_do(tmp_path):
+  """6 wide with 3 heads on 8 chips: X divides 6 (1, 2), Y the heads (1,
+  3), so no X x Y = 8 lays out; with D replicas outermost D x X x Y = 8
+  does at D = 4 (2x1, batch 8 over D x X) and 8 (1x1), not at 2. The
+  error says so, and --dps=4 then sweeps a plan that fits."""
+  model = tmp_path / "three_heads.json"
+  model.write_text(json.dumps({
+      "model_type": "llama", "hidden_size": 6, "intermediate_size": 8,
+      "num_attention_heads": 3, "num_hidden_layers": 1, "vocab_size": 16}))
+  args = (f"--model={model}", "--topology=v5p-16", "--batches=8", "--seq=16",
+          "--top_k=0", f"--logdir={tmp_path}", "--cache_dir=", "--noprogress")
+  p = _cli(*args)
+  assert p.returncode == 2, p.stderr
+  assert p.stderr.strip().splitlines()[-1].endswith(
+      "; with data-parallel replicas outermost (D x X x Y = 8) plans lay out "
+      "at --dps=4,8")
+  p = _cli(*args, "--dps=4", "--run_name=replicas")
+  assert p.returncode == 0, p.stderr
+  assert "recommended: mesh D4x2x1 " in p.stdout
+
+
 def test_a_multi_host_sweep_says_which_axis_crosses_the_hosts(tmp_path):
   p = _cli("--model=tiny", "--topology=h100:2x8", "--batches=16", "--seq=64",
            "--top_k=0", f"--logdir={tmp_path}", "--cache_dir=", "--noprogress")
