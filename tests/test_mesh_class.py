@@ -56,6 +56,11 @@ CASES = [
     # T5 encoder-decoder
     (_model("tiny_t5", n_heads=8, n_kv_heads=8, **_DIMS), "v5p-32",
      dict(remat="full", target_seq=64)),
+    # data-parallel replicas D outermost: the batch over D and X together
+    (_model("tiny", n_heads=16, n_kv_heads=16, **_DIMS), "v5p-32",
+     dict(remat="full", batch=32, dp=2)),
+    (_model("tiny", n_heads=16, n_kv_heads=4, **_DIMS), "v5p-64",
+     dict(remat="dots", batch=64, dp=4, loss_chunks=2)),
 ]
 
 
@@ -66,7 +71,7 @@ def _figures(cfg, settings, traced, traced_plan, plan):
     est = memory.estimate_memory(traced, plan)
     program = read_traced(traced)
     model = roofline.fit_mesh(cfg, settings, plan, traced=traced)
-    batches = (2 * plan.X, 6 * plan.X)
+    batches = (2 * plan.D * plan.X, 6 * plan.D * plan.X)
     mem = [(memory.to_json(e), e.tensors) for e in map(est.at_batch, batches)]
   hw = roofline.Hardware.for_plan(plan)
   steps = [roofline.step_estimate(model, b * settings.seq, hw)
@@ -75,14 +80,17 @@ def _figures(cfg, settings, traced, traced_plan, plan):
 
 
 @pytest.fixture(scope="module", params=CASES,
-                ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]['remat']}")
+                ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]['remat']}"
+                              f"-D{c[2].get('dp', 1)}")
 def traces(request):
   cfg, topology, kw = request.param
   topo = parse_topology(topology)
+  kw = dict(kw)
+  dp = kw.pop("dp", 1)
   settings = TrainSettings(**{"batch": 8, "seq": 128, **kw})
   out = {}
-  for x, y in mesh_shapes(topo):
-    plan = plan_mesh(topo, x, y)
+  for x, y in mesh_shapes(topo, dp):
+    plan = plan_mesh(topo, x, y, D=dp)
     try:
       key = mesh_class.class_key(cfg, settings, plan)
       traced = trace_probe(cfg, settings, abstract_mesh(plan))

@@ -31,9 +31,10 @@ still in it).
 The mesh is refused (`NotInClass`: trace it instead) wherever that could
 fail: a sharded dim the target's axes do not divide (the real trace raises a
 PlanError there); a dim sharded over X and Y together whose per-device size
-is not a shard_map body's (the model's rules never shard a dim over two
-axes, and JAX's reshape sharding rule, lax.split_partitions, places the
-second by the sizes; but JAX stacks a shard_map's residuals over every axis
+is not a shard_map body's (the model's rules shard no dim over two axes
+but the batch over the replicas D and X, `BATCH_OVER_REPLICAS`, whose
+global size no mesh changes, and JAX's reshape sharding rule,
+lax.split_partitions, places the second by the sizes; but JAX stacks a shard_map's residuals over every axis
 they vary on: over X and Y, the body's dim is read; over one axis, the
 result's whole per-device shape is its body's, `Resize.tiled`, and a
 residual of the step's saved-residual trace not seen there is refused);
@@ -55,13 +56,19 @@ import functools
 import math
 from typing import TYPE_CHECKING, Iterator
 
-from meshes.layout import MeshPlan, abstract_mesh
+from meshes.layout import REPLICA_AXIS, MeshPlan, abstract_mesh
 from models.config import ModelConfig
 from simulator.model_checks import kv_heads_replicated
 from simulator.settings import TrainSettings
 
 if TYPE_CHECKING:  # simulator.tracing.trace imports simulator.step, which imports this
   from simulator.tracing.trace import Traced
+
+
+# The one dim the model's rules split over two axes: the batch, over the
+# replicas D and X (simulator.step.step_rules); its global size is the
+# batch's at every mesh, so its per-device size is divided as one axis's is.
+BATCH_OVER_REPLICAS = (REPLICA_AXIS, "X")
 
 
 class NotInClass(ValueError):
@@ -103,7 +110,7 @@ class Resize:
     if dim % n:
       raise NotInClass(f"dim {dim} over {axes}: not divisible at "
                        f"{self.target}")
-    if len(axes) > 1:  # X and Y: a shard_map residual (the module doc)
+    if len(axes) > 1 and axes != BATCH_OVER_REPLICAS:  # a shard_map residual
       return self.local_shape((dim // math.prod(self.traced.values()),))[0]
     return dim // n
 
