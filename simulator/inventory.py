@@ -27,7 +27,7 @@ def describe_params(cfg: ModelConfig, plan: MeshPlan,
   """What `experiments.describe` prints: counts, dtypes, layouts, bytes."""
   mesh = abstract_mesh(plan)
   cfg = with_images(cfg, settings)
-  check_pipeline(cfg, settings)
+  check_pipeline(cfg, settings, plan.topology.chips)
   rules = step_rules(cfg, settings, mesh)[0]
   padded, padding = pad_vocab(cfg, rules, mesh)
   leaves, names = params_and_names(make_model(padded, settings, rules),

@@ -49,9 +49,11 @@ def check_heads_over_y(cfg: ModelConfig, y: int) -> None:
         "them; one dividing the query heads per kv head replicates them)")
 
 
-def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
+def check_pipeline(cfg: ModelConfig, settings: TrainSettings,
+                   chips: int | None = None) -> None:
   """One-line ValueErrors for pipeline settings this model cannot run:
-  stages over a decoder-only dense model's layers only."""
+  stages over a decoder-only dense model's layers only; the valid stage
+  counts named are those that also divide the `chips` (P x X x Y)."""
   pp = settings.pp
   if pp == 1:
     return
@@ -62,9 +64,11 @@ def check_pipeline(cfg: ModelConfig, settings: TrainSettings) -> None:
     raise ValueError(f"pp={pp}: {cfg.name} is {kind}; pipeline stages are "
                      "built for decoder-only dense models (e.g. llama2_7b)")
   if cfg.n_layers % pp:
+    valid = [d for d in divisors(cfg.n_layers) if not chips or chips % d == 0]
     raise ValueError(f"pp={pp} does not divide {cfg.name}'s {cfg.n_layers} "
-                     f"layers; valid: "
-                     f"{', '.join(map(str, divisors(cfg.n_layers)))}")
+                     f"layers; valid: {', '.join(map(str, valid))}"
+                     + (f" (dividing its layers and the {chips} chips)"
+                        if chips else ""))
 
 
 def check_stage_settings(settings: TrainSettings) -> None:

@@ -161,7 +161,8 @@ class SweepSpec:
       for s in self.shards:
         for o in self.optimizers:
           for p in self.pps:  # validates each value
-            check_pipeline(cfg, self.settings(multiple, r, s, o, p))
+            check_pipeline(cfg, self.settings(multiple, r, s, o, p),
+                           topo.chips)
     first = self.settings(self.batches[0], self.remats[0], self.shards[0],
                           self.optimizers[0])
     check_seq(with_images(cfg, first), first)

@@ -63,6 +63,10 @@ def test_pipeline_stages_divide_the_layers_of_a_dense_decoder():
   check_pipeline(load_model("tiny"), _settings(pp=2))
   with pytest.raises(ValueError, match="valid: 1, 2"):
     check_pipeline(load_model("tiny"), _settings(pp=4))
+  # the valid counts named are those the chips take too (P x X x Y = chips)
+  with pytest.raises(ValueError, match=r"12 layers; valid: 1, 2, 4 \(dividing "
+                     r"its layers and the 8 chips\)$"):
+    check_pipeline(load_model("gpt2"), _settings(pp=8), chips=8)
   with pytest.raises(ValueError, match="is a mixture of experts"):
     check_pipeline(load_model("tiny_moe"), _settings(pp=2))
 

@@ -139,7 +139,8 @@ def _refused(args: list[str]) -> tuple[int, str]:
 
 @pytest.mark.parametrize("args, message", [
     (["--model=gpt2", "--topology=v5p-16", "--mesh=1x1", "--pp=8"],
-     "error: pp=8 does not divide gpt2's 12 layers; valid: 1, 2, 3, 4, 6, 12"),
+     "error: pp=8 does not divide gpt2's 12 layers; valid: 1, 2, 4 (dividing "
+     "its layers and the 8 chips)"),
     (["--model=gpt2", "--topology=v5p-8", "--mesh=2x1", "--pp=2",
       "--microbatches=3"],
      "error: batch=8 is not a multiple of microbatches=3; each micro-batch "
