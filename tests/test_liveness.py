@@ -68,6 +68,39 @@ def test_a_scan_allocates_its_stacked_outputs_whole():
   assert _peak(f, xs, w) == (4 * 8 * 32 + 1 + 8 * 32 + 1) * F32
 
 
+def test_a_loop_of_one_iteration_is_its_body():
+  """The same scan over one slice: XLA replaces a one-trip loop by its body
+  (xla_rules, one-trip loops), so no stacked output is allocated beside
+  the body's values: tanh(h) is the output, written over h where h dies,
+  beside the sum; as a loop it would be the stacked (1,8,32) buffer beside
+  h (2*8*32 + 2 floats)."""
+  def f(xs, w):
+    def body(c, x):
+      h = x @ w
+      return c + jnp.sum(h), jnp.tanh(h)
+    return jax.lax.scan(body, 0.0, xs)
+
+  xs, w = jnp.ones((1, 8, 64)), jnp.ones((64, 32))
+  assert _peak(f, xs, w) == (8 * 32 + 1) * F32
+
+
+def test_an_output_fusion_does_not_write_over_a_value_another_fusion_reads():
+  """d = p * (dO·Vᵀ - 1) is that matmul's output fusion; p = exp(Q·Kᵀ - 1)
+  is also read by the matmul pᵀ·dO (the flash backward's dV): which of the
+  two reads it last is the scheduler's choice, so d does not take over p's
+  buffer: per sequence p (8x32), dV (32x16) and d (8x32) are live together
+  at d (8*32 + 32*16 floats if d wrote over p)."""
+  seqs = lambda *shape: jax.ShapeDtypeStruct((PROBE, *shape), jnp.float32)
+
+  def f(q, k, do, v):
+    p = jnp.exp(jnp.einsum("bsh,bth->bst", q, k) - 1.0)
+    dv = jnp.einsum("bst,bsh->bth", p, do)
+    return dv, p * (jnp.einsum("bsh,bth->bst", do, v) - 1.0)
+
+  got = _peak(f, seqs(8, 16), seqs(32, 16), seqs(8, 16), seqs(32, 16))
+  assert got == PROBE * (8 * 32 + 32 * 16 + 8 * 32) * F32
+
+
 def test_donated_outputs_take_no_new_buffer():
   p = jnp.ones((256, 128))
   update = lambda p: (p - 0.1 * jnp.tanh(p), jnp.sum(p))

@@ -1292,3 +1292,30 @@ def test_pvary_makes_no_copy():
   assert xla_rules.is_view(pvary)
   plan = liveness._plan(body, True, (), set(), {})
   assert plan.size[pvary.outvars[0]] == (0, 0)
+
+
+def test_a_loop_of_one_iteration_is_replaced_by_its_body():
+  """inline_one_trip_loops: the one-trip scan is gone, its body's equations
+  are the caller's (its slice, carry and stacked output views), and the
+  program computes what it did; a longer loop and the gradient-accumulation
+  loop (its own rule) stay loops."""
+  def f(xs, w):
+    def body(c, x):
+      h = x @ w
+      return c + jnp.sum(h), jnp.tanh(h)
+    return jax.lax.scan(body, 1.0, xs)
+
+  def accumulated(xs, w):
+    with jax.named_scope(scopes.ACCUMULATION):
+      return f(xs, w)
+
+  xs, w = jnp.arange(8.0).reshape(1, 2, 4), jnp.ones((4, 3)) / 3
+  closed = jax.make_jaxpr(f)(xs, w)
+  inlined = xla_rules.inline_one_trip_loops(closed.jaxpr)
+  assert "scan" not in {e.primitive.name for e in inlined.eqns}
+  got = jax.core.eval_jaxpr(inlined, closed.consts, xs, w)
+  for a, b in zip(got, f(xs, w)):
+    assert jnp.allclose(a, b)
+  for g, args in ((f, (jnp.ones((2, 2, 4)), w)), (accumulated, (xs, w))):
+    jaxpr = jax.make_jaxpr(g)(*args).jaxpr
+    assert xla_rules.inline_one_trip_loops(jaxpr) is jaxpr

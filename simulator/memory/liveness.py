@@ -26,6 +26,7 @@ evaluated at each batch.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -256,13 +257,17 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       last[v] = max(last.get(v, -1), i)
   reuses: dict = {}  # the in-place rule
   taken: set = set()
+  fusions_reading = collections.Counter(
+      u for i, eqn in enumerate(eqns)
+      if any(size[w] != (0, 0) for w in eqn.outvars) for u in reads[i])
   for i, eqn in enumerate(eqns):
     if not (xla_rules.loop_fusible(eqn) or xla_rules.updates_in_place(eqn)):
       continue
     for v in eqn.outvars:
       if size[v] == (0, 0) or v in relaid:  # a transpose reads all it writes
         continue
-      for u in reads[i]:
+      for u in xla_rules.shareable(eqn, v, reads[i], chained,
+                                   fusions_reading.__getitem__):
         if (u in size and u not in taken and u not in kept_apart
             and size[u] == size[v] and last.get(u) == i):
           reuses[v] = u
@@ -372,6 +377,7 @@ class _Simulation:
     # early scatter fill applies there as in the step (xla_gpu_rules)
     self.micro_batch: set = set()
     self.deferred: dict = {}  # id of a body -> it with weight grads deferred
+    self.one_trip: dict = {}  # id of a jaxpr -> (it, its one-trip loops inlined)
     self.same: dict = {}  # id of a body -> `_defers_nothing`
 
   def plan(self, jaxpr, local: bool, in_place_out,
@@ -388,6 +394,8 @@ class _Simulation:
       order = "deferred"  # a body with no weight gradient to defer: the same
     key = (id(jaxpr), local, tuple(map(id, in_place_out)), order)
     if key not in self.plans:
+      if not self.gpu:  # xla_rules, one-trip loops (read off TPU dumps)
+        jaxpr = self._inlined(jaxpr)
       if order == "deferred" and self.gpu and top:
         jaxpr = xla_gpu_rules.defer_step_weight_grads(jaxpr, self.results)
       elif order == "deferred":
@@ -455,6 +463,14 @@ class _Simulation:
           not self.gpu or all(self._defers_nothing(sub) for eqn in jaxpr.eqns
                               for _, sub in subjaxprs(eqn)))
     return self.same[id(jaxpr)]
+
+  def _inlined(self, jaxpr):
+    """`jaxpr` with its one-trip loops inlined (xla_rules), made once (the
+    original kept, so its id is not reused)."""
+    if id(jaxpr) not in self.one_trip:
+      self.one_trip[id(jaxpr)] = (
+          jaxpr, xla_rules.inline_one_trip_loops(jaxpr))
+    return self.one_trip[id(jaxpr)][1]
 
   def _deferred(self, jaxpr):
     """A body (not the step's own jaxpr) with its weight gradients deferred
@@ -620,7 +636,7 @@ class _Simulation:
     """The buffers live at the point `path`."""
     plan = self.plan(jaxpr, local, in_place_out, order)
     target, rest = path[0], path[1:]
-    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    producer = {v: e for e in plan.jaxpr.eqns for v in e.outvars}
 
     def buffer(v, eqn) -> LiveBuffer:
       back = backward or made_by_backward(eqn)

@@ -158,6 +158,30 @@ off (buffers live at the peak: `python -m experiments.validate ...
   in place        a fusion's output takes the buffer of an operand of its size
                   that dies there (d(logits) over the logits: one f32
                   logits-sized buffer at the peak of every gpt2 config);
+                  a matmul's output fusion only one no other fusion reads
+                  (GeGLU's gate, under gelu(gate) * up: gemma-2b v5p-8 1x4
+                  prefill), or the addend of its root add: of two fusions
+                  reading a value, which reads it last is the scheduler's
+                  choice, and XLA holds the flash backward's f32 p, read by
+                  dV's matmul and by d_scores = p * (dO·Vᵀ - delta), beside
+                  d_scores (t5_large v5e-32 32x1 b1024 and v4-16 8x1 b1024,
+                  #215 and #267: bitcast_multiply_fusion.4 with
+                  fusion.1521{1}, and with fusion.1122{1}, `shareable`);
+  one-trip loops  a scan of one iteration is its body: XLA's while-loop
+                  simplifier replaces a loop of trip count 1 by its body, so
+                  there is no carry buffer beside its initial value and no
+                  stacked output made before the body's own result (the
+                  flash loops of t5_3b v6e-16 8x2 b1024 at seq 512, one key
+                  block, are not in its optimized module, which holds four
+                  while loops, the encoder's and decoder's layers forward
+                  and backward; #245 +33.85% -> +33.60%, t5_large v4-16
+                  #267 +13.68% -> +19.18% with the in-place rule's p, the
+                  MLP's deferred weight gradients the rest; gpt2 and T5
+                  rows at seq 512 move by up to 1.5 points otherwise;
+                  `inline_one_trip_loops`). The gradient-accumulation loop
+                  keeps its own rule (interleaved micro-batches). Not on a
+                  GPU, where no dump has been read for it (t5_large h200:8
+                  8x1, #83, -3.79% -> -5.48% with it);
   scatter in      a scatter (and a dynamic-update-slice) writes into its
   place           first operand's buffer when that operand dies there
                   (HloDataflowAnalysis::CanShareOperandBufferWithUser): the
@@ -811,6 +835,7 @@ import dataclasses
 import functools
 import math
 
+import jax
 import numpy as np
 from jax.extend import core as jcore
 
@@ -1596,6 +1621,75 @@ def runs_whole(eqn) -> bool:
   """A loop XLA keeps: one instruction (kWhile) it runs whole, its body
   scheduled on its own; a loop of one iteration it inlines."""
   return is_loop(eqn) and eqn.params.get("length") != 1
+
+
+def shareable(eqn, v, read: list, chained: set, fusions_reading) -> list:
+  """The buffers `eqn`'s fusion may write its result `v` into (the in-place
+  rule, where one dies there): any it reads; but where `v` ends a matmul's
+  output fusion (`chained`), only those no other fusion reads
+  (`fusions_reading(u)`: how many fusions read u), or an addend the root add
+  reads directly: which of two fusions reads a value last is the
+  scheduler's choice, which the traced order does not give. The flash
+  backward's f32 p = exp(s - lse), read by dV's matmul (through its bf16
+  cast) and by d_scores = p * (dO·Vᵀ - delta), that matmul's output fusion,
+  is live beside d_scores at the peaks of t5_large v5e-32 32x1 b1024 and
+  v4-16 8x1 b1024 (corpus #215, #267: bitcast_multiply_fusion.4 with
+  fusion.1521{1}, and with fusion.1122{1}), dV made after it; GeGLU's gate,
+  read by the up projection's output fusion alone, is written over there
+  (gemma-2b v5p-8 1x4 prefill, experiments/data/inference_compiled.jsonl:
+  +0.66% sharing it, +6.56% not)."""
+  if v not in chained:
+    return read
+  return [u for u in read if fusions_reading(u) == 1
+          or (eqn.primitive.name == "add" and u in eqn.invars)]
+
+
+def inline_one_trip_loops(jaxpr):
+  """The one-trip loops rule: `jaxpr` with each scan of one iteration
+  replaced by its body, as XLA's while-loop simplifier replaces a loop of
+  trip count 1 by its body (TryRemoveWhileLoop): no carry buffer beside
+  its initial value (a zero-filled accumulator, added into, is the sum
+  itself), no stacked output made before the body's own result; the slice
+  it reads and the stacked output it writes are views. The flash loops of
+  t5_3b v6e-16 8x2 b1024 at seq 512 (one block; corpus #245) are not in
+  its optimized module, which has four while loops, the encoder's and the
+  decoder's layers forward and backward. The gradient-accumulation loop
+  keeps its own rule (interleaved micro-batches)."""
+  if not any(_one_trip(e) for e in jaxpr.eqns):
+    return jaxpr
+  eqns = []
+  for e in jaxpr.eqns:
+    if not _one_trip(e):
+      eqns.append(e)
+      continue
+    body = e.params["jaxpr"].jaxpr
+    consts, carries = loops.scan_counts(e)
+    head = consts + carries
+    for k, (u, w) in enumerate(zip(e.invars, body.invars)):
+      eqns.append(_view(e, u, w, slice_of=k >= head))
+    eqns += [loops.inlined(b, e) for b in body.eqns]
+    for k, (w, v) in enumerate(zip(body.outvars, e.outvars)):
+      eqns.append(_view(e, w, v, stacked=k >= carries))
+  return jaxpr.replace(eqns=eqns)
+
+
+def _one_trip(eqn) -> bool:
+  """A scan XLA replaces by its body (inline_one_trip_loops)."""
+  return (eqn.primitive.name == "scan" and eqn.params.get("length") == 1
+          and not eqn.params["jaxpr"].consts and not accumulation_loop(eqn))
+
+
+def _view(loop, u, v, slice_of: bool = False, stacked: bool = False):
+  """`v` as a view of `u` made where `loop` was: the one slice of a scanned
+  operand, the stacked output of one slice, or the value itself."""
+  if slice_of:
+    prim, params = jax.lax.squeeze_p, {"dimensions": (0,)}
+  elif stacked:
+    prim, params = jax.lax.reshape_p, {"new_sizes": tuple(v.aval.shape),
+                                       "dimensions": None, "sharding": None}
+  else:
+    prim, params = jax.lax.copy_p, {}
+  return jcore.new_jaxpr_eqn([u], [v], prim, params, set(), loop.source_info)
 
 
 def _subjaxprs(eqn) -> list:

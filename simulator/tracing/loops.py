@@ -21,3 +21,11 @@ def while_counts(eqn) -> tuple[int, int]:
   """(condition constants, body constants) at the head of a while loop's
   operands; the rest are its carries."""
   return eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+
+
+def inlined(eqn, loop):
+  """`eqn` of `loop`'s body as an equation of the loop's caller (the loop
+  inlined): its name stack under the loop's, as the body's is."""
+  info = eqn.source_info
+  return eqn.replace(source_info=info.replace(
+      name_stack=loop.source_info.name_stack + info.name_stack))
