@@ -54,18 +54,21 @@ def test_a_scatter_writes_into_its_operand_when_it_dies_there():
   assert got == 64 * 32 * F32 + 8 * 4
 
 
+def _tanh_scan(xs, w):
+  """A scan over the slices of xs: h = x@w, the sum of h carried, tanh(h)
+  stacked."""
+  def body(c, x):
+    h = x @ w
+    return c + jnp.sum(h), jnp.tanh(h)
+  return jax.lax.scan(body, 0.0, xs)
+
+
 def test_a_scan_allocates_its_stacked_outputs_whole():
   """A scan over 4 slices stacks its (8,32) outputs: all 4 are allocated
   before the first iteration, beside that iteration's own values."""
-  def f(xs, w):
-    def body(c, x):
-      h = x @ w
-      return c + jnp.sum(h), jnp.tanh(h)
-    return jax.lax.scan(body, 0.0, xs)
-
   xs, w = jnp.ones((4, 8, 64)), jnp.ones((64, 32))
   # stacked ys 4*8*32, the carry, and one iteration's h (8*32) + sum
-  assert _peak(f, xs, w) == (4 * 8 * 32 + 1 + 8 * 32 + 1) * F32
+  assert _peak(_tanh_scan, xs, w) == (4 * 8 * 32 + 1 + 8 * 32 + 1) * F32
 
 
 def test_a_loop_of_one_iteration_is_its_body():
@@ -74,14 +77,8 @@ def test_a_loop_of_one_iteration_is_its_body():
   the body's values: tanh(h) is the output, written over h where h dies,
   beside the sum; as a loop it would be the stacked (1,8,32) buffer beside
   h (2*8*32 + 2 floats)."""
-  def f(xs, w):
-    def body(c, x):
-      h = x @ w
-      return c + jnp.sum(h), jnp.tanh(h)
-    return jax.lax.scan(body, 0.0, xs)
-
   xs, w = jnp.ones((1, 8, 64)), jnp.ones((64, 32))
-  assert _peak(f, xs, w) == (8 * 32 + 1) * F32
+  assert _peak(_tanh_scan, xs, w) == (8 * 32 + 1) * F32
 
 
 def test_an_output_fusion_does_not_write_over_a_value_another_fusion_reads():
