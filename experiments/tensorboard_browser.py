@@ -60,8 +60,9 @@ def serve(logdir: str, timeout_s: float = 60) -> Iterator[str]:
   module), not whichever `tensorboard` is first on PATH."""
   port = _free_port()
   proc = subprocess.Popen(
-      [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1", "--port",
-       str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      [sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
+       "--host", "127.0.0.1", "--port", str(port)],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   base = f"http://127.0.0.1:{port}"
   try:
     deadline = time.time() + timeout_s
