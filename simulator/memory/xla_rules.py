@@ -198,7 +198,11 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   output of its key-block loop, is written by fusion.1160
                   (schedule position 1924), and the f32 scores it is summed
                   from are dead at the dq and dk matmuls after it
-                  (fusion.1163 at 1930, fusion.1161 at 1934). Not on a
+                  (fusion.1163 at 1930, fusion.1161 at 1934); that key-
+                  block loop has one iteration, which XLA inlines (one-
+                  trip loops, below), so the bias gradient was a value of
+                  the layer's body there: in the loops XLA keeps, the rule
+                  has no dump of its own. Not on a
                   GPU, where no dump has shown it: there the written
                   value's operands are held to the body's end (the safe
                   side; with the rule, four GPU rows moved, by half a
