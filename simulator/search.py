@@ -496,7 +496,8 @@ def replicas_that_lay_out(spec: SweepSpec, most: int = 2) -> list[int]:
   chips that no sharded dim takes: 6144 = 3 x 2048 chips for a model 20480
   wide), the smallest numbers of data-parallel replicas D > 1 not swept
   (`--dps`) under which one of its D x X x Y plans does, at most `most`:
-  each plan tried as the step is built (its layout checks), no tracing."""
+  each plan tried as the step is built (its layout checks), the step not
+  traced."""
   # pylint: disable=g-import-not-at-top  (jax only on this failure path)
   from simulator.step import build_step
   cfg, topo = spec.validate()
@@ -510,7 +511,7 @@ def replicas_that_lay_out(spec: SweepSpec, most: int = 2) -> list[int]:
         build_step(cfg, spec.settings(batch, spec.remats[0], shard,
                                       spec.optimizers[0]),
                    abstract_mesh(plan_mesh(topo, x, y, D=d)))
-      except (PlanError, ValueError):
+      except ValueError:  # a PlanError, or a mesh that cannot be laid out
         continue
       found.append(d)
       break

@@ -235,7 +235,7 @@ def build_step(cfg: ModelConfig, settings: TrainSettings, mesh,
   cfg = with_images(cfg, settings)
   check_seq(cfg, settings)
   check_model_settings(cfg, settings)
-  check_pipeline(cfg, settings, math.prod(dict(mesh.shape).values()))
+  check_pipeline(cfg, settings, mesh.size)
   if dict(mesh.shape).get("P", 1) != settings.pp:
     raise PlanError(f"pp={settings.pp} needs a mesh with P={settings.pp}; "
                     f"this mesh is {dict(mesh.shape)}")

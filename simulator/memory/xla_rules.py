@@ -175,9 +175,10 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   block, are not in its optimized module, which holds four
                   while loops, the encoder's and decoder's layers forward
                   and backward; #245 +33.85% -> +33.60%, t5_large v4-16
-                  #267 +13.68% -> +19.18% with the in-place rule's p, the
-                  MLP's deferred weight gradients the rest; gpt2 and T5
-                  rows at seq 512 move by up to 1.5 points otherwise;
+                  #267 +13.68% -> +19.18%, #135 +8.83% -> +13.87% and #215
+                  +1.49% -> +5.44% with the in-place rule's p, the MLP's
+                  deferred weight gradients the rest of #267's; the other
+                  gpt2 and T5 rows at seq 512 by at most 1.6 points;
                   `inline_one_trip_loops`). The gradient-accumulation loop
                   keeps its own rule (interleaved micro-batches). Not on a
                   GPU, where no dump has been read for it (t5_large h200:8
