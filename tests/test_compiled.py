@@ -384,6 +384,7 @@ def test_tpu_v5p_compile_arguments_exact():
   assert rep.trip_counts_known
 
 
+@pytest.mark.long
 def test_tpu_v5p_peak_within_target():
   """The issue's targets on a small real model: arguments exact, XLA's peak
   within 10% (gpt2, v5p-8 4x1, remat full: +3.1% when this was written)."""

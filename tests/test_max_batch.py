@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from meshes.layout import plan_mesh
 from meshes.topology import parse_topology
 from models.registry import load_model
@@ -75,6 +77,7 @@ def test_json_says_the_same_answer():
   assert r["largest_batch"] % r["batch_step"] == 0 and "compiles" not in r
 
 
+@pytest.mark.long
 def test_the_frontier_compiles_from_the_simulations_answer():
   """--frontier=2: the first compile is at the simulation's answer, the
   second past it (its smallest schedule's answer, or one step); the last

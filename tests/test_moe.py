@@ -128,10 +128,10 @@ def test_load_balancing_loss_on_known_routing():
 
 def test_the_loss_adds_the_weighted_load_balancing_loss():
   ids = jax.random.randint(jax.random.key(1), (2, 16), 0, TINY.vocab_size)
+  params = jax.jit(Decoder(TINY).init)(jax.random.key(0), ids, ids)
   losses = {}
-  for coef in (0.0, 1.0):
+  for coef in (0.0, 1.0):  # the coefficient is a setting, not a parameter
     model = Decoder(dataclasses.replace(TINY, router_aux_loss_coef=coef))
-    params = jax.jit(model.init)(jax.random.key(0), ids, ids)
     losses[coef] = float(jax.jit(model.apply)(params, ids, ids))
   aux = losses[1.0] - losses[0.0]  # the layers' mean E·Σ f·P
   assert 1.0 <= aux <= TINY.n_experts  # k=2 spread over 4 experts: >= 1

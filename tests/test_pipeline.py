@@ -115,6 +115,7 @@ CPU_SCRIPT = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.long
 def test_the_pipelined_step_runs_on_cpu_devices():
   """P x X x Y = 2x2x2 CPU devices: the compiled step runs, and its loss is
   the plain step's on the same values (random_args fills [4] and [2, 2]

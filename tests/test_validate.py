@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
            PYTHONPATH=ROOT)
@@ -143,6 +145,7 @@ def test_a_plan_over_hbm_is_an_answer():
   assert "Traceback" not in p.stderr
 
 
+@pytest.mark.long
 def test_a_triton_tiling_failure_compiles_with_cublas_gemms():
   """XLA:GPU (the pinned CUDA plugin) finds no Triton tiling for the TP-
   sharded vision tower of llava_mini on h100:8 4x2 (the GPU corpus's #39):
