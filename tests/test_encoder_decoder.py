@@ -193,7 +193,7 @@ def _served_losses(cfg, kv_dtype, x, y, skips=(None,)):
 
 @pytest.mark.parametrize("kv_dtype, tol", [
     ("bf16", 2e-3),
-    # int8 caches are checked against full logits in test_decode.py too.
+    # the int8 cache itself: test_decode.py holds a decoder's to full logits.
     pytest.param("int8", 1e-2, marks=pytest.mark.long)])
 def test_served_logits_give_the_training_loss(kv_dtype, tol):
   """T5 served as Hugging Face generates (encoder once, the cross-attention

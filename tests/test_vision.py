@@ -203,7 +203,7 @@ def test_cli_refuses_with_one_line(args, message, refused_by_memory_report):
 
 @pytest.mark.parametrize("kv_dtype, tol", [
     ("bf16", 2e-3),
-    # int8 caches are checked against full logits in test_decode.py too.
+    # the int8 cache itself: test_decode.py holds a decoder's to full logits.
     pytest.param("int8", 1e-2, marks=pytest.mark.long)])
 def test_served_logits_give_the_training_loss(kv_dtype, tol):
   """LLaVA served (the prefill: the tower on the images and the LM over
