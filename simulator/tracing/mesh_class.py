@@ -35,9 +35,10 @@ is not a shard_map body's (the model's rules shard no dim over two axes
 but the batch over the replicas D and X, `BATCH_OVER_REPLICAS`, whose
 global size no mesh changes, and JAX's reshape sharding rule,
 lax.split_partitions, places the second by the sizes; but JAX stacks a
-shard_map's residuals over every axis they vary on: over X and Y, the body's dim is read; over one axis, the
-result's whole per-device shape is its body's, `Resize.tiled`, and a
-residual of the step's saved-residual trace not seen there is refused);
+shard_map's residuals over every axis they vary on: over X and Y, the
+body's dim is read; over one axis, the result's whole per-device shape is
+its body's, `Resize.tiled`, and a residual of the step's saved-residual
+trace not seen there is refused);
 a shard_map body dim (a per-device size already, inside the body) that
 matches no per-device dim of the body's operands, or two that differ at the
 target (seq 4096 and d_model 8192 over Y=2). tests/test_mesh_class.py holds
