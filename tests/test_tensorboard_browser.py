@@ -42,5 +42,6 @@ def test_the_check_sees_a_text_dashboard_with_no_run_selected(tmp_path):
       w.scalar("x", 1.0, 0)
   with tensorboard_browser.serve(logdir) as base:
     results = {r.name: r for r in tensorboard_browser.check(
-        base, str(tmp_path / "shots"), timeout_s=10)}
+        base, str(tmp_path / "shots"), timeout_s=10,
+        names=("timeseries", "text"))}
   assert not results["text"].ok and results["timeseries"].ok
