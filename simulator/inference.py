@@ -61,7 +61,7 @@ from models.registry import load_model
 from simulator.xla import compiled as compiled_lib
 from simulator.xla import hlo_collectives
 from simulator.memory import (OVERHEAD_FRACTION, capacity, liveness,
-                              tpu_tiled_bytes, xla_gpu_rules)
+                              tpu_tiled_bytes, xla_gpu_rules, xla_rules)
 from simulator.memory.estimate import Contributor
 from simulator.timing.comms import collective_time
 from simulator.tracing.batch_probe import PROBE, bytes_at, rescale
@@ -199,7 +199,9 @@ def _phase(step: ServeStep, jaxpr, probed: ServeStep, probe_jaxpr,
          if gpu else None)
   points = liveness.simulate(probe_jaxpr, probed.donated_outputs, gpu=gpu,
                              sms=sms, one_device=plan.chips == 1,
-                             batch_scale=batch / probe)
+                             batch_scale=batch / probe,
+                             matmul_reductions=(
+                                 xla_rules.writes_matmul_reductions(chip.name)))
   transient, index = points.peak_at(batch, probe)
   live = sorted(points.live(index) if index >= 0 else (),
                 key=lambda b: -bytes_at(*b.bytes, batch, probe))

@@ -40,13 +40,14 @@ def test_output_fusion_of_activations_not_of_weight_gradients():
   assert not xla_rules.fused_away(dot, dot.outvars[0], [exp], [exp], False)
 
 
-def _buffers(fn, *args) -> dict[str, int]:
-  """Bytes of each value's own buffer at its making equation (0: none)."""
-  return _buffers_of(jax.make_jaxpr(fn)(*args).jaxpr)
+def _buffers(fn, *args, **simulation) -> dict[str, int]:
+  """Bytes of each value's own buffer at its making equation (0: none);
+  `simulation`: liveness._Simulation's settings."""
+  return _buffers_of(jax.make_jaxpr(fn)(*args).jaxpr, **simulation)
 
 
-def _buffers_of(j) -> dict[str, int]:
-  plan = liveness._Simulation().plan(j, False, ())
+def _buffers_of(j, **simulation) -> dict[str, int]:
+  plan = liveness._Simulation(**simulation).plan(j, False, ())
   return {f"{i}:{e.primitive.name}": sum(plan.size[v])
           for i, e in enumerate(plan.jaxpr.eqns) for v in e.outvars}
 
@@ -64,6 +65,39 @@ def test_a_matmul_fusion_ends_at_a_value_with_two_readers():
   made = {k.split(":")[1]: v for k, v in sizes.items()
           if k.split(":")[1] in ("dot_general", "sub", "exp")}
   assert made == {"dot_general": 0, "sub": 0, "exp": PROBE * 32 * 4}
+
+
+def test_a_matmul_fusion_writes_a_reduction_of_its_chain_beside_it():
+  """The matmul-reductions rule (v6e): T5's attention backward ds = p *
+  (dp - delta), summed over the batch for its bias gradient and cast to
+  bf16 for the dq and dk matmuls, is no f32 buffer (the fusion writes the
+  sum and the bf16 ds); where the rule does not apply (v5p, v5e) it is
+  one. Scaled scores the exponent reads after their row maximum are one
+  either way."""
+  assert [xla_rules.writes_matmul_reductions(c)
+          for c in ("v5e", "v5p", "v6e")] == [False, False, True]
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+
+  def ds_of(q, k, p, delta, w):
+    ds = p * (q @ k - delta)
+    d = ds.astype(jnp.bfloat16)
+    return d @ w, d.T @ q.astype(jnp.bfloat16), ds.sum(0)
+  args = (f32(PROBE, 16), jnp.ones((16, 32)), f32(PROBE, 32), f32(PROBE, 1),
+          jnp.ones((32, 8), jnp.bfloat16))
+  sizes = _buffers(ds_of, *args, matmul_reductions=True)
+  made = lambda name: [v for k, v in sizes.items() if k.endswith(f":{name}")]
+  assert made("mul") == [0]
+  assert made("convert_element_type")[0] == PROBE * 32 * 2
+  sizes = _buffers(ds_of, *args)
+  assert made("mul") == [PROBE * 32 * 4]
+
+  def softmax(q, k, w):
+    s = (q @ k) * 0.5
+    p = jnp.exp(s - s.max(-1, keepdims=True)).astype(jnp.bfloat16)
+    return p @ w, p.T @ q.astype(jnp.bfloat16)
+  sizes = _buffers(softmax, f32(PROBE, 16), jnp.ones((16, 32)),
+                   jnp.ones((32, 8), jnp.bfloat16), matmul_reductions=True)
+  assert made("mul") == [PROBE * 32 * 4]
 
 
 def test_a_widening_cast_ends_a_matmul_fusion():

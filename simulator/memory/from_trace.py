@@ -128,7 +128,9 @@ def estimate_memory(traced: Traced, plan: MeshPlan) -> MemoryEstimate:
       plan.topology.chip.name)) if gpu else None)
   points = liveness.simulate(
       traced.jaxpr, donated, gpu=gpu, sms=sms, one_device=plan.chips == 1,
-      dequantize_early=xla_rules.dequantizes_early(plan.topology.chip.name))
+      dequantize_early=xla_rules.dequantizes_early(plan.topology.chip.name),
+      matmul_reductions=xla_rules.writes_matmul_reductions(
+          plan.topology.chip.name))
   rule = ((step.stages, step.microbatches) if step.schedule == "1f1b"
           else None)
   limit = (capacity.remat_limit_bytes(plan) if rule is None

@@ -139,12 +139,14 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           stacks: dict, held: dict | None = None, gpu: bool = False,
           sms: xla_gpu_rules.Sms | None = None, in_loop: bool = False,
           apart: bool = False, sole_matmul_in: bool = False,
-          written: frozenset = frozenset(), arguments: bool = True) -> _Plan:
+          written: frozenset = frozenset(), arguments: bool = True,
+          matmul_reductions: bool = False) -> _Plan:
   # sole_matmul_in: xla_rules.fused_away's (off a GPU: XLA:GPU makes a
   # GEMM's operand in a loop fusion of its own); written: in-place outputs
   # written where they are made on a GPU too (xla_gpu_rules, the step's
   # written outputs); arguments: jaxpr's inputs are the step's arguments,
-  # laid out by its caller (xla_rules, all-to-all staging)
+  # laid out by its caller (xla_rules, all-to-all staging);
+  # matmul_reductions: xla_rules.writes_matmul_reductions
   # An output copied to host memory (--offload) is a host buffer: the
   # donated HBM buffer is not written, and what it is copied from dies there.
   in_place = {v for v in in_place_out  # a literal output has no buffer
@@ -174,7 +176,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
         yield c
 
   chained = xla_gpu_rules.matmul_fusion_chain(eqns, readers, outs, gpu,
-                                              in_loop)
+                                              in_loop, matmul_reductions)
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
   dead = xla_rules.dead_equations(jaxpr)
@@ -204,7 +206,8 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           or v in sunk or (
               v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
-                  v in chained, chain_producers, sole_matmul_in)))
+                  v in chained, chain_producers, sole_matmul_in,
+                  consumers if matmul_reductions else None)))
       if fused and gpu and xla_gpu_rules.reduced_for_matmuls(
           eqn, readers(v), producer):
         fused = False  # xla_gpu_rules, reductions before GEMMs
@@ -354,13 +357,16 @@ class _Simulation:
   def __init__(self, gpu: bool = False,
                sms: xla_gpu_rules.Sms | None = None, one_device: bool = False,
                dequantize_early: bool = True,
-               batch_scale: float | None = None):
+               batch_scale: float | None = None,
+               matmul_reductions: bool = False):
     self.gpu = gpu  # the target is a GPU: xla_gpu_rules apply
     # the batch the points are read at over the traced one, where a rule's
     # choice turns on it (xla_rules, stacks made first); None: no such rule
     self.batch_scale = batch_scale
     # the early-dequantized-state rule applies (TPU: xla_rules)
     self.dequantize_early = dequantize_early and not gpu
+    # the matmul-reductions rule applies (TPU: xla_rules)
+    self.matmul_reductions = matmul_reductions and not gpu
     self.sms = sms  # its SMs: the split-K rule applies (GPU only)
     self.one_device = one_device  # the mesh is one device
     self.top = None  # id of the step's own jaxpr (simulate sets it)
@@ -425,7 +431,7 @@ class _Simulation:
                    self.gpu, self.sms if self.gpu else None,
                    key[0] in self.looped, order == "cublas",
                    sole_matmul_in=not self.gpu, written=written,
-                   arguments=top)
+                   arguments=top, matmul_reductions=self.matmul_reductions)
       gathered, replaced = xla_rules.gathered_operands(plan.jaxpr.eqns,
                                                        local, plan.size)
       plan.stacks.update(gathered)
@@ -741,7 +747,8 @@ def hbm_traffic(jaxpr, local: bool = False, in_loop: bool = False
 def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
              sms: xla_gpu_rules.Sms | None = None,
              one_device: bool = False, dequantize_early: bool = True,
-             batch_scale: float | None = None) -> Points:
+             batch_scale: float | None = None,
+             matmul_reductions: bool = False) -> Points:
   """The heap simulation of the whole step. The first `donated_outputs`
   outputs are written into donated argument buffers; `gpu`: compiled for a
   GPU (simulator.memory.xla_gpu_rules), `sms` its SMs (the split-K rule;
@@ -751,14 +758,17 @@ def simulate(jaxpr, donated_outputs: int, gpu: bool = False,
   caller reads the points at, over the traced one, where a rule's choice
   turns on it (a serving step's: xla_rules, stacks made first); given, the
   step is a serving step (xla_gpu_rules: relaid cache stacks, the serving
-  memory order). The step's own
+  memory order); `matmul_reductions`: the TPU's matmul fusions write a
+  reduction of their chain beside it (xla_rules.writes_matmul_reductions).
+  The step's own
   weight gradients (the output projection's) are simulated deferred and in
   the traced order (on a GPU also with their collectives late; on one GPU
   neither deferred nor late, the updates they feed eager: xla_gpu_rules),
   and the points of each kept, so the peak is the largest of the schedules
   XLA is seen to pick (xla_rules: deferred weight gradients)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  sim = _Simulation(gpu, sms, one_device, dequantize_early, batch_scale)
+  sim = _Simulation(gpu, sms, one_device, dequantize_early, batch_scale,
+                    matmul_reductions)
   sim.top = id(jaxpr)
   sim.results = tuple(jaxpr.outvars[donated_outputs:])
   in_place = tuple(xla_rules.donated_in_place(

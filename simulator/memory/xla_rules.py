@@ -218,6 +218,18 @@ off (buffers live at the peak: `python -m experiments.validate ...
                   written-outputs rule, eleven T5 rows 0.12 to 2.65 points
                   lower (#245 +36.50% -> +33.85%, #286 +17.81% -> +16.03%),
                   no other row moved;
+  matmul          on v6e a matmul's output fusion writes a reduction of its
+  reductions      elementwise chain's value as one more output, the chain
+                  going on to its one other reader, so that value has no
+                  buffer, unless the other reader waits for the reduction
+                  (a softmax's row maximum): in #245 fusion.1160 writes the
+                  bias gradient's sum beside the bf16 ds from the dp
+                  matmul, and the f32 ds (2 GiB) is no buffer, #245 +33.60%
+                  -> +23.17%, no other row moved; on v5p and v5e the f32 ds
+                  is a buffer the sum reads apart (t5_large #71, #215:
+                  bitcast_multiply_fusion.4, reduce.316), so the rule is
+                  v6e's alone (MATMUL_REDUCTIONS): applied on the others
+                  it reads #215 +5.44% -> -3.19%;
   hoisted casts   a loop that casts each slice of a stacked weight is given the
                   whole stack cast once, outside the loop, live from the first
                   loop that reads it to the last (bf16 [32,512,11008] weight
@@ -1074,7 +1086,8 @@ def activation_matmul(eqn) -> bool:
 
 def fused_away(eqn, v, readers: list, through_views: list, local: bool,
                in_matmul_fusion: bool = False, producer: dict | None = None,
-               sole_matmul_in: bool = False) -> bool:
+               sole_matmul_in: bool = False,
+               consumers: dict | None = None) -> bool:
   """Whether `v`, made by `eqn`, has no buffer of its own: `readers` are the
   equations that read it, `through_views` the same seen through views;
   `in_matmul_fusion`: `v` is an activation matmul's result or made from one
@@ -1082,15 +1095,18 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
   equation that makes each value of the jaxpr (the into-matmuls rule reads
   the chain that makes `v` through it); `sole_matmul_in`: a value one
   matmul alone reads, with no view between, is taken into it whatever it
-  reads (the into-matmuls rule's sole-reader part)."""
+  reads (the into-matmuls rule's sole-reader part); `consumers`: each
+  value's readers, where the matmul-reductions rule applies (None: it does
+  not; `chain_readers`)."""
   if is_view(eqn):
     return True
   if eqn.primitive.name == "dot_general" and not in_matmul_fusion:
     return False  # a weight gradient: summed over the batch in f32
   if in_matmul_fusion:  # the matmul is not recomputed: one reader goes on
-    return (len({id(c) for c in through_views}) == 1
-            and elementwise(through_views[0])
-            and not widening(through_views[0]))
+    rest = (through_views if consumers is None
+            else chain_readers(eqn, through_views, consumers))
+    return (len({id(c) for c in rest}) == 1 and elementwise(rest[0])
+            and not widening(rest[0]))
   if any(c.primitive.name == "device_put" for c in through_views):
     return False  # a copy to another memory (a DMA) reads a whole buffer
   if gathered_cast(eqn, producer or {}, through_views):
@@ -1103,6 +1119,43 @@ def fused_away(eqn, v, readers: list, through_views: list, local: bool,
                or _chain_no_wider(eqn, producer or {})
                or (sole_matmul_in and len(readers) == 1
                    and matmul(readers[0]))))
+
+
+def chain_readers(eqn, readers: list, consumers: dict) -> list:
+  """`readers` of what elementwise `eqn` makes in a matmul's output fusion,
+  less the reductions of that value alone that nothing else among them
+  waits for (through elementwise ops and views, by `consumers`: each
+  value's readers): the multi-output-reductions rule moves each beside
+  `eqn`, and the fusion writes it as one more output (the
+  matmul-reductions rule). t5_3b v6e-16 8x2 b1024 (corpus #245):
+  `fusion.1160`, the encoder attention backward's dp matmul, writes the
+  bf16 ds the dq and dk matmuls read and the f32 sum over the batch of the
+  relative-position bias gradient; the f32 ds both read has no buffer. A
+  softmax's scores, which the exponent reads after their row maximum, stay
+  a buffer: llama2_7b v5p-8 4x1 QLoRA (#70), `fusion.1387{1}`, the f32
+  scores beside the maximum the same fusion writes."""
+  if not loop_fusible(eqn):
+    return readers
+  alone = lambda c: (c.primitive.name in _REDUCE_OPS and [
+      u for u in c.invars if isinstance(u, jcore.Var)] == eqn.outvars)
+  rest = [c for c in readers if not alone(c)]
+  others = {id(c) for c in rest}
+  return rest + [c for c in readers if alone(c)
+                 and others & _reached(c.outvars, consumers)]
+
+
+def _reached(values, consumers: dict) -> set:
+  """The ids of the equations that read `values`, and of those that read
+  what they make, through elementwise ops and views."""
+  seen: set = set()
+  todo = list(values)
+  while todo:
+    for c in consumers.get(todo.pop(), ()):
+      if id(c) not in seen:
+        seen.add(id(c))
+        if loop_fusible(c) or is_view(c):
+          todo.extend(c.outvars)
+  return seen
 
 
 def gathered_cast(eqn, producer: dict, readers: list) -> bool:
@@ -1193,7 +1246,8 @@ def widening(eqn) -> bool:
 
 
 def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False,
-                        narrowed_only: bool = False) -> set:
+                        narrowed_only: bool = False,
+                        reductions: bool = False) -> set:
   """The values made inside matmuls' output fusions: each activation
   matmul's result, a weight gradient's whose one reader is a narrowing cast
   (the narrowed-weight-gradients rule), either, outside a loop (`in_loop`),
@@ -1202,10 +1256,19 @@ def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False,
   them make while each value has one reader (`readers(v)`: v's readers
   through views) and is not one of the jaxpr's outputs `outs`; the chain's
   last value is the fusion's output. `narrowed_only`: the narrowed weight
-  gradients alone (a GPU's GEMM epilogue: xla_gpu_rules)."""
+  gradients alone (a GPU's GEMM epilogue: xla_gpu_rules). `reductions`:
+  the matmul-reductions rule applies (`chain_readers`)."""
   chained: set = set()
+  made_by = {v: e for e in eqns for v in e.outvars} if reductions else {}
+  consumers: dict = {}
+  for e in eqns if reductions else ():
+    for u in e.invars:
+      if isinstance(u, jcore.Var):
+        consumers.setdefault(u, []).append(e)
   for eqn in eqns:
-    one = lambda u: len({id(c) for c in readers(u)}) == 1
+    one = lambda u: len({id(c) for c in (
+        chain_readers(made_by[u], list(readers(u)), consumers)
+        if u in made_by else readers(u))}) == 1
     if (activation_matmul(eqn) and not narrowed_only
         and (in_loop or not partial_sums(eqn))) or (
         matmul_kind_of(eqn) == "weight_grad" and one(eqn.outvars[0])
@@ -2124,6 +2187,23 @@ def prefetch_host_weights(jaxpr):
 # after the backward pass, where the program has it (the early-dequantized-
 # state rule: v5p dumps #80, #81; v6e rows #217, #244).
 DEQUANTIZED_LATE = ("v5p", "v6e")
+
+
+# TPU generations whose compiled matmul fusions write a reduction of their
+# elementwise chain as one more output (the matmul-reductions rule: v6e,
+# #245's fusion.1160). On v5p and v5e the f32 value is a buffer the
+# reduction reads apart: t5_large v5p-8 4x1 b16 (#71) and v5e-32 32x1 b1024
+# (#215), the encoder attention backward's `bitcast_multiply_fusion.4`
+# writes the f32 ds that `reduce.316` sums and two matmul fusions cast (in
+# #71 the decoder's 128x128 ds is written beside its sum, by fusion.1251:
+# not modelled, the buffer kept is the safe side).
+MATMUL_REDUCTIONS = ("v6e",)
+
+
+def writes_matmul_reductions(chip: str) -> bool:
+  """Whether the matmul-reductions rule applies on TPU `chip`
+  (meshes.hardware's chip name)."""
+  return chip in MATMUL_REDUCTIONS
 
 
 def dequantizes_early(chip: str) -> bool:
