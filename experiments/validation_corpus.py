@@ -758,4 +758,12 @@ CASES: list[Case] = [
     # XLA's peak (README, "XLA's own figures for that choice").
     Case("mixtral_mini", "v5p-32", "8x2", 128, 2048, "full", "adamw", C),
     Case("mixtral_mini", "v5e-8", "4x2", 256, 2048, "full", "adamw", C),
+    # Held out in session 54 after the matmul-reductions rule (v6e only):
+    # T5's relative-position bias gradient summed beside ds on v6e, in the
+    # flash backward's key-block loop (seq 1024: two blocks) and, as in
+    # #245, with one block inlined into the layer's body.
+    Case("t5_large", "v6e-8", "4x2", 256, 1024, "full", "adamw", C,
+         target_seq=256),
+    Case("t5_3b", "v6e-32", "16x2", 512, 512, "full", "adafactor", C,
+         target_seq=128),
 ]
