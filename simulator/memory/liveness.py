@@ -175,8 +175,11 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
       else:
         yield c
 
+  # each value's readers for the matmul-reductions rule, None where it
+  # does not apply
+  reduced = consumers if matmul_reductions else None
   chained = xla_gpu_rules.matmul_fusion_chain(eqns, readers, outs, gpu,
-                                              in_loop, matmul_reductions)
+                                              in_loop, reduced)
   accumulated = xla_rules.accumulated_stacks(eqns, readers, in_place,
                                              set(jaxpr.invars))
   dead = xla_rules.dead_equations(jaxpr)
@@ -206,8 +209,7 @@ def _plan(jaxpr, local: bool, in_place_out: Iterable, hoisted: set,
           or v in sunk or (
               v not in outs and xla_rules.fused_away(
                   eqn, v, consumers.get(v, []), list(readers(v)), local,
-                  v in chained, chain_producers, sole_matmul_in,
-                  consumers if matmul_reductions else None)))
+                  v in chained, chain_producers, sole_matmul_in, reduced)))
       if fused and gpu and xla_gpu_rules.reduced_for_matmuls(
           eqn, readers(v), producer):
         fused = False  # xla_gpu_rules, reductions before GEMMs

@@ -556,17 +556,17 @@ from simulator.tracing.trace import fusible, layout_of, made_by_backward
 
 def matmul_fusion_chain(eqns, readers, outs: set, gpu: bool,
                         in_loop: bool = False,
-                        reductions: bool = False) -> set:
+                        consumers: dict | None = None) -> set:
   """The values made inside matmuls' output fusions
   (xla_rules.matmul_fusion_chain); on a GPU only a loop's narrowed weight
   gradients (the GEMM-epilogue rule; otherwise the no-output-fusion rule),
-  where no dump has shown the matmul-reductions rule (`reductions`: it
-  applies on the TPU)."""
+  where no dump has shown the matmul-reductions rule (`consumers`: each
+  value's readers where it applies on the TPU, None where it does not)."""
   if gpu and not in_loop:
     return set()
   return xla_rules.matmul_fusion_chain(eqns, readers, outs, in_loop,
                                        narrowed_only=gpu,
-                                       reductions=reductions and not gpu)
+                                       consumers=None if gpu else consumers)
 
 
 def sunk_into_loops(eqns, readers, producer: dict, gpu: bool) -> set:

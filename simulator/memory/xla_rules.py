@@ -1247,7 +1247,7 @@ def widening(eqn) -> bool:
 
 def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False,
                         narrowed_only: bool = False,
-                        reductions: bool = False) -> set:
+                        consumers: dict | None = None) -> set:
   """The values made inside matmuls' output fusions: each activation
   matmul's result, a weight gradient's whose one reader is a narrowing cast
   (the narrowed-weight-gradients rule), either, outside a loop (`in_loop`),
@@ -1256,15 +1256,12 @@ def matmul_fusion_chain(eqns, readers, outs: set, in_loop: bool = False,
   them make while each value has one reader (`readers(v)`: v's readers
   through views) and is not one of the jaxpr's outputs `outs`; the chain's
   last value is the fusion's output. `narrowed_only`: the narrowed weight
-  gradients alone (a GPU's GEMM epilogue: xla_gpu_rules). `reductions`:
-  the matmul-reductions rule applies (`chain_readers`)."""
+  gradients alone (a GPU's GEMM epilogue: xla_gpu_rules). `consumers`:
+  each value's readers, where the matmul-reductions rule applies (None: it
+  does not; `chain_readers`)."""
   chained: set = set()
-  made_by = {v: e for e in eqns for v in e.outvars} if reductions else {}
-  consumers: dict = {}
-  for e in eqns if reductions else ():
-    for u in e.invars:
-      if isinstance(u, jcore.Var):
-        consumers.setdefault(u, []).append(e)
+  made_by = {} if consumers is None else {
+      v: e for e in eqns for v in e.outvars}
   for eqn in eqns:
     one = lambda u: len({id(c) for c in (
         chain_readers(made_by[u], list(readers(u)), consumers)
